@@ -1,0 +1,48 @@
+// Package checkpoint (in directory legacyspew) holds the checkpoint layout that
+// kubelets before 1.20 wrote, for tests only: it lets go-spew print that layout
+// with the type names those kubelets hashed. The package name must be
+// "checkpoint", because go-spew prints it as part of every type name.
+package checkpoint
+
+import (
+	"fmt"
+	"hash/fnv"
+
+	"github.com/davecgh/go-spew/spew"
+)
+
+// PodDevicesEntry is an allocation record of the pre-1.20 layout.
+type PodDevicesEntry struct {
+	PodUID        string
+	ContainerName string
+	ResourceName  string
+	DeviceIDs     []string
+	AllocResp     []byte
+}
+
+type checkpointData struct {
+	PodDeviceEntries  []PodDevicesEntry
+	RegisteredDevices map[string][]string
+}
+
+// forHash is the go-spew configuration of k8s.io/utils/dump.ForHash.
+var forHash = spew.ConfigState{
+	Indent:                  " ",
+	SortKeys:                true,
+	DisableMethods:          true,
+	SpewKeys:                true,
+	DisablePointerAddresses: true,
+	DisableCapacities:       true,
+}
+
+// Text returns the text a pre-1.20 kubelet hashed for this content.
+func Text(entries []PodDevicesEntry, registered map[string][]string) string {
+	return forHash.Sprintf("%#v", checkpointData{PodDeviceEntries: entries, RegisteredDevices: registered})
+}
+
+// Checksum returns the checksum a pre-1.20 kubelet computed for this content.
+func Checksum(entries []PodDevicesEntry, registered map[string][]string) uint64 {
+	h := fnv.New32a()
+	fmt.Fprint(h, Text(entries, registered))
+	return uint64(h.Sum32())
+}

@@ -1,0 +1,234 @@
+package checkpoint
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+)
+
+// Manager stores checkpoints under keys, one file per key in one directory.
+type Manager interface {
+	// CreateCheckpoint encodes cp and stores it under key, replacing what was
+	// there. The previous content stays intact until the new one is complete.
+	CreateCheckpoint(key string, cp Checkpoint) error
+	// GetCheckpoint decodes the checkpoint stored under key into cp and verifies
+	// its checksum. Errors: ErrNotFound; *DecodeError naming the file; and
+	// *CorruptError, in which case cp holds the decoded (unverified) content.
+	GetCheckpoint(key string, cp Checkpoint) error
+	// RemoveCheckpoint removes the checkpoint under key; a missing key is not an
+	// error.
+	RemoveCheckpoint(key string) error
+	// ListCheckpoints returns the names in the directory that do not start
+	// with "." (temporary files do), sorted. A missing directory lists nothing.
+	ListCheckpoints() ([]string, error)
+}
+
+// maxKeyLength is the longest key the store accepts, as in the kubelet.
+const maxKeyLength = 250
+
+// tempPrefix starts the name of every temporary file, so that listings skip them.
+const tempPrefix = "."
+
+// fileStore is the crash-safe Manager returned by NewManager.
+type fileStore struct {
+	dir string
+	fs  fileSystem
+
+	// mu serialises operations on the directory, so that a read never races a
+	// write of the same process and concurrent writes land one after another.
+	mu sync.Mutex
+}
+
+// NewManager returns a Manager that keeps checkpoints as files in dir. It touches
+// no files: the directory is created (mode 0755) by the first write.
+//
+// A write goes to a temporary file in dir (mode 0600), is synced, renamed over
+// the checkpoint, and the directory is synced, so that after a crash the file
+// holds either the previous or the new checkpoint, never a mix. A write that
+// fails at any step leaves the previous checkpoint and no temporary file.
+//
+// Keys follow the kubelet's rule: at most 250 characters of [A-Za-z0-9-_.],
+// starting and ending with a letter or digit.
+func NewManager(dir string) (Manager, error) {
+	if dir == "" {
+		return nil, errors.New("checkpoint directory must not be empty")
+	}
+	return &fileStore{dir: dir, fs: osFileSystem{}}, nil
+}
+
+// ValidateKey returns a *KeyError unless key is a valid checkpoint key.
+func ValidateKey(key string) error {
+	if !validKey(key) {
+		return &KeyError{Key: key}
+	}
+	return nil
+}
+
+func validKey(key string) bool {
+	if key == "" || len(key) > maxKeyLength {
+		return false
+	}
+	alnum := func(c byte) bool {
+		return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+	}
+	if !alnum(key[0]) || !alnum(key[len(key)-1]) {
+		return false
+	}
+	for i := 1; i < len(key)-1; i++ {
+		if c := key[i]; !alnum(c) && c != '-' && c != '_' && c != '.' {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *fileStore) path(key string) string { return filepath.Join(s.dir, key) }
+
+func (s *fileStore) CreateCheckpoint(key string, cp Checkpoint) error {
+	if err := ValidateKey(key); err != nil {
+		return err
+	}
+	blob, err := cp.MarshalCheckpoint()
+	if err != nil {
+		return fmt.Errorf("encode checkpoint %q: %w", key, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.writeLocked(key, blob)
+}
+
+// writeLocked replaces the file of key with blob through a synced temporary
+// file. Expects s.mu held.
+func (s *fileStore) writeLocked(key string, blob []byte) (err error) {
+	if err := s.fs.MkdirAll(s.dir, 0o755); err != nil {
+		return fmt.Errorf("create checkpoint directory: %w", err)
+	}
+	f, err := s.fs.CreateTemp(s.dir, tempPrefix)
+	if err != nil {
+		return fmt.Errorf("create temporary checkpoint file in %s: %w", s.dir, err)
+	}
+	tmp := f.Name()
+	defer func() {
+		if err != nil {
+			if rmErr := s.fs.Remove(tmp); rmErr != nil && !errors.Is(rmErr, fs.ErrNotExist) {
+				err = errors.Join(err, rmErr)
+			}
+		}
+	}()
+	if _, err := f.Write(blob); err != nil {
+		return errors.Join(fmt.Errorf("write %s: %w", tmp, err), f.Close())
+	}
+	if err := f.Sync(); err != nil {
+		return errors.Join(fmt.Errorf("sync %s: %w", tmp, err), f.Close())
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("close %s: %w", tmp, err)
+	}
+	target := s.path(key)
+	if err := s.fs.Rename(tmp, target); err != nil {
+		return fmt.Errorf("rename %s to %s: %w", tmp, target, err)
+	}
+	// The rename is done: from here on the temporary file no longer exists and
+	// the checkpoint holds the new content; only its durability is in doubt.
+	if err := s.fs.SyncDir(s.dir); err != nil {
+		return fmt.Errorf("sync directory %s: %w", s.dir, err)
+	}
+	return nil
+}
+
+func (s *fileStore) GetCheckpoint(key string, cp Checkpoint) error {
+	if err := ValidateKey(key); err != nil {
+		return err
+	}
+	p := s.path(key)
+	s.mu.Lock()
+	blob, err := s.fs.ReadFile(p)
+	s.mu.Unlock()
+	if errors.Is(err, fs.ErrNotExist) {
+		return ErrNotFound
+	}
+	if err != nil {
+		return fmt.Errorf("read checkpoint: %w", err)
+	}
+	if err := cp.UnmarshalCheckpoint(blob); err != nil {
+		var de *DecodeError
+		if errors.As(err, &de) {
+			return &DecodeError{Path: p, Err: de.Err}
+		}
+		return &DecodeError{Path: p, Err: err}
+	}
+	return cp.VerifyChecksum()
+}
+
+func (s *fileStore) RemoveCheckpoint(key string) error {
+	if err := ValidateKey(key); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.fs.Remove(s.path(key)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove checkpoint: %w", err)
+	}
+	return nil
+}
+
+func (s *fileStore) ListCheckpoints() ([]string, error) {
+	s.mu.Lock()
+	entries, err := s.fs.ReadDir(s.dir)
+	s.mu.Unlock()
+	if errors.Is(err, fs.ErrNotExist) {
+		return []string{}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list checkpoints: %w", err)
+	}
+	keys := make([]string, 0, len(entries))
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), tempPrefix) {
+			keys = append(keys, e.Name())
+		}
+	}
+	return keys, nil
+}
+
+// fileSystem is the part of the operating system the store uses; tests replace
+// it to fail each step of a write.
+type fileSystem interface {
+	MkdirAll(dir string, perm os.FileMode) error
+	CreateTemp(dir, pattern string) (tempFile, error)
+	Rename(from, to string) error
+	Remove(name string) error
+	SyncDir(dir string) error
+	ReadFile(name string) ([]byte, error)
+	ReadDir(dir string) ([]os.DirEntry, error)
+}
+
+type tempFile interface {
+	Name() string
+	Write(b []byte) (int, error)
+	Sync() error
+	Close() error
+}
+
+type osFileSystem struct{}
+
+func (osFileSystem) MkdirAll(dir string, perm os.FileMode) error { return os.MkdirAll(dir, perm) }
+func (osFileSystem) CreateTemp(dir, pattern string) (tempFile, error) {
+	return os.CreateTemp(dir, pattern)
+}
+func (osFileSystem) Rename(from, to string) error              { return os.Rename(from, to) }
+func (osFileSystem) Remove(name string) error                  { return os.Remove(name) }
+func (osFileSystem) ReadFile(name string) ([]byte, error)      { return os.ReadFile(name) }
+func (osFileSystem) ReadDir(dir string) ([]os.DirEntry, error) { return os.ReadDir(dir) }
+
+func (osFileSystem) SyncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	return errors.Join(d.Sync(), d.Close())
+}
