@@ -1,0 +1,606 @@
+package topology
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/sets"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// containerCase describes one resource as the device manager sees it when a
+// container asks for hints (SPEC 5.2).
+type containerCase struct {
+	name      string
+	machine   []int // default {0,1}
+	devices   []*pluginapi.Device
+	unhealthy []string
+	elsewhere []string // allocated to other containers or pods
+	held      []string // already allocated to this container
+	reusable  []string // reuse pool (allocated to a regular init container)
+	request   int
+	want      []Hint
+}
+
+// request builds the HintRequest: available = healthy minus everything
+// allocated (elsewhere, held and the reuse pool are all allocated).
+func (c containerCase) hintRequest() HintRequest {
+	machine := c.machine
+	if machine == nil {
+		machine = []int{0, 1}
+	}
+	all := deviceMap(c.devices...)
+	available := sets.KeySet(all).Delete(c.unhealthy...).Delete(c.elsewhere...).
+		Delete(c.held...).Delete(c.reusable...)
+	r := HintRequest{MachineNodes: machine, Devices: all, Available: available, Request: c.request}
+	if c.held != nil {
+		r.Held = sets.New(c.held...)
+	}
+	if c.reusable != nil {
+		r.Reusable = sets.New(c.reusable...)
+	}
+	return r
+}
+
+// runContainerCases checks exact results, order included: nil and empty
+// differ, and the order is the enumeration order of SPEC 5.4.
+func runContainerCases(t *testing.T, cases []containerCase) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := ResourceHints(tc.hintRequest())
+			if tc.want == nil {
+				assert.Nil(t, got)
+				return
+			}
+			require.NotNil(t, got, "nil means no preference")
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+// TestGetTopologyHints: the kubelet's common cases (SPEC 10.4) on a
+// two-node machine, with the 1.36 candidate-node rule of SPEC 5.4.
+func TestGetTopologyHints(t *testing.T) {
+	twoPerNode := []*pluginapi.Device{numaDev("Dev1", 0), numaDev("Dev2", 1), numaDev("Dev3", 0), numaDev("Dev4", 1)}
+	runContainerCases(t, []containerCase{
+		{
+			name: "no device has topology: no preference",
+			devices: []*pluginapi.Device{
+				plainDev("Dev1"), plainDev("Dev2"), numaDev("Dev3"),
+				{ID: "Dev4", Topology: &pluginapi.TopologyInfo{Nodes: nil}},
+			},
+			request: 1,
+			want:    nil,
+		},
+		{
+			name:    "only one device has topology: only its node is a candidate",
+			devices: []*pluginapi.Device{plainDev("Dev1"), numaDev("Dev2", 1)},
+			request: 1,
+			want:    []Hint{hint(true, 1)},
+		},
+		{
+			name:    "one device per node, request 1",
+			devices: []*pluginapi.Device{numaDev("Dev1", 0), numaDev("Dev2", 1)},
+			request: 1,
+			want:    []Hint{hint(true, 0), hint(true, 1), hint(false, 0, 1)},
+		},
+		{
+			name:    "one device per node, request 2",
+			devices: []*pluginapi.Device{numaDev("Dev1", 0), numaDev("Dev2", 1)},
+			request: 2,
+			want:    []Hint{hint(true, 0, 1)},
+		},
+		{
+			name:    "two devices per node, request 2",
+			devices: twoPerNode,
+			request: 2,
+			want:    []Hint{hint(true, 0), hint(true, 1), hint(false, 0, 1)},
+		},
+		{
+			name:      "optimal on one node, forced cross-NUMA",
+			devices:   twoPerNode,
+			elsewhere: []string{"Dev1", "Dev2"},
+			request:   2,
+			want:      []Hint{hint(false, 0, 1)},
+		},
+		{
+			name:    "two resources, mixed: the first",
+			devices: twoPerNode,
+			request: 2,
+			want:    []Hint{hint(true, 0), hint(true, 1), hint(false, 0, 1)},
+		},
+		{
+			name:    "two resources, mixed: the second, on node 0 only",
+			devices: []*pluginapi.Device{numaDev("Dev1", 0)},
+			request: 1,
+			want:    []Hint{hint(true, 0)},
+		},
+		{
+			name:    "more requested than available",
+			devices: twoPerNode,
+			request: 6,
+			want:    []Hint{},
+		},
+		{
+			name:    "container already holds its devices",
+			devices: []*pluginapi.Device{numaDev("Dev1", 0), numaDev("Dev2", 0)},
+			held:    []string{"Dev1", "Dev2"},
+			request: 2,
+			want:    []Hint{hint(true, 0)},
+		},
+		{
+			name:    "container holds fewer devices than requested",
+			devices: twoPerNode,
+			held:    []string{"Dev1", "Dev2"},
+			request: 4,
+			want:    []Hint{},
+		},
+		{
+			name:    "container holds more devices than requested",
+			devices: twoPerNode,
+			held:    []string{"Dev1", "Dev2", "Dev3", "Dev4"},
+			request: 2,
+			want:    []Hint{},
+		},
+	})
+}
+
+// TestResourceHintsDecisions covers the per-resource decision of SPEC 5.2
+// beyond the kubelet's table.
+func TestResourceHintsDecisions(t *testing.T) {
+	twoPerNode := []*pluginapi.Device{numaDev("Dev1", 0), numaDev("Dev2", 1), numaDev("Dev3", 0), numaDev("Dev4", 1)}
+	runContainerCases(t, []containerCase{
+		{
+			name:    "held devices are regenerated alone, other free devices ignored",
+			devices: twoPerNode,
+			held:    []string{"Dev1", "Dev2"},
+			request: 2,
+			// Dev3 and Dev4 are free, yet only {0,1} holds the container's
+			// devices; node 0 alone could hold 2 devices, so {0} would be
+			// preferred, but {0,1} is not.
+			want: []Hint{hint(false, 0, 1)},
+		},
+		{
+			name:     "held devices ignore the reuse pool",
+			devices:  twoPerNode,
+			held:     []string{"Dev1", "Dev3"},
+			reusable: []string{"Dev2"},
+			request:  2,
+			want:     []Hint{hint(true, 0), hint(false, 0, 1)},
+		},
+		{
+			name:     "reuse pool counts toward availability",
+			devices:  twoPerNode,
+			reusable: []string{"Dev1", "Dev2"},
+			request:  4,
+			want:     []Hint{hint(true, 0, 1)},
+		},
+		{
+			name:      "available plus reuse pool short of the request",
+			devices:   twoPerNode,
+			elsewhere: []string{"Dev3", "Dev4"},
+			reusable:  []string{"Dev1"},
+			request:   3,
+			want:      []Hint{},
+		},
+		{
+			name:      "unhealthy devices still decide what is preferred",
+			devices:   twoPerNode,
+			unhealthy: []string{"Dev3"},
+			request:   2,
+			want:      []Hint{hint(true, 1), hint(false, 0, 1)},
+		},
+		{
+			name:    "empty held set means none held",
+			devices: twoPerNode,
+			held:    []string{},
+			request: 1,
+			want:    []Hint{hint(true, 0), hint(true, 1), hint(false, 0, 1)},
+		},
+		{
+			name:    "machine without NUMA nodes: no preference",
+			machine: []int{},
+			devices: twoPerNode,
+			request: 1,
+			want:    nil,
+		},
+		{
+			name:    "machine with only ids beyond 63: no preference",
+			machine: []int{64, 65},
+			devices: twoPerNode,
+			request: 1,
+			want:    nil,
+		},
+		{
+			name:    "request 0 fits every mask",
+			devices: []*pluginapi.Device{numaDev("Dev1", 0), numaDev("Dev2", 1)},
+			request: 0,
+			want:    []Hint{hint(true, 0), hint(true, 1), hint(false, 0, 1)},
+		},
+	})
+}
+
+// TestGenerateHintsDeviceShapes covers devices the kubelet would panic on or
+// that stress the signature counting.
+func TestGenerateHintsDeviceShapes(t *testing.T) {
+	nilEntry := &pluginapi.Device{ID: "nilEntry", Topology: &pluginapi.TopologyInfo{
+		Nodes: []*pluginapi.NUMANode{nil, {ID: 1}},
+	}}
+	onlyNilEntry := &pluginapi.Device{ID: "onlyNil", Topology: &pluginapi.TopologyInfo{
+		Nodes: []*pluginapi.NUMANode{nil},
+	}}
+	tests := []struct {
+		name      string
+		machine   []int
+		devices   map[string]*pluginapi.Device
+		available []string
+		reusable  []string
+		request   int
+		want      []Hint
+	}{
+		{
+			name:      "a device on two nodes counts once per mask",
+			machine:   []int{0, 1},
+			devices:   deviceMap(numaDev("a", 0, 1), numaDev("b", 1)),
+			available: []string{"a", "b"},
+			request:   2,
+			// {1} holds a and b; {0,1} holds them once each, not three.
+			want: []Hint{hint(true, 1), hint(false, 0, 1)},
+		},
+		{
+			name:      "a device on two nodes does not double the count",
+			machine:   []int{0, 1},
+			devices:   deviceMap(numaDev("a", 0, 1)),
+			available: []string{"a"},
+			request:   2,
+			want:      []Hint{},
+		},
+		{
+			name:      "available ID missing from the device map has no topology",
+			machine:   []int{0, 1},
+			devices:   deviceMap(numaDev("a", 0)),
+			available: []string{"a", "ghost"},
+			request:   2,
+			want:      []Hint{},
+		},
+		{
+			name:      "reusable ID missing from the device map is ignored",
+			machine:   []int{0, 1},
+			devices:   deviceMap(numaDev("a", 0)),
+			available: []string{"a"},
+			reusable:  []string{"ghost"},
+			request:   1,
+			want:      []Hint{hint(true, 0)},
+		},
+		{
+			name:      "reusable device with nil topology is ignored",
+			machine:   []int{0, 1},
+			devices:   deviceMap(numaDev("a", 0), plainDev("r")),
+			available: []string{"a"},
+			reusable:  []string{"r"},
+			request:   1,
+			want:      []Hint{hint(true, 0)},
+		},
+		{
+			name:      "reusable device with an empty node list rejects every mask",
+			machine:   []int{0, 1},
+			devices:   deviceMap(numaDev("a", 0), numaDev("b", 1), numaDev("r")),
+			available: []string{"a", "b"},
+			reusable:  []string{"r"},
+			request:   1,
+			want:      []Hint{},
+		},
+		{
+			name:      "reusable device on a node unknown to the machine rejects every mask",
+			machine:   []int{0, 1},
+			devices:   deviceMap(numaDev("a", 0), numaDev("r", 5)),
+			available: []string{"a"},
+			reusable:  []string{"r"},
+			request:   1,
+			want:      []Hint{},
+		},
+		{
+			name:      "reusable device on node 99 rejects every mask",
+			machine:   []int{0, 1},
+			devices:   deviceMap(numaDev("a", 0), numaDev("r", 99)),
+			available: []string{"a"},
+			reusable:  []string{"r"},
+			request:   1,
+			want:      []Hint{},
+		},
+		{
+			name:      "reusable device pins masks to its node",
+			machine:   []int{0, 1, 2},
+			devices:   deviceMap(numaDev("a", 0), numaDev("b", 1), numaDev("c", 2), numaDev("r", 1)),
+			available: []string{"a", "b", "c"},
+			reusable:  []string{"r"},
+			request:   2,
+			want:      []Hint{hint(true, 1), hint(false, 0, 1), hint(false, 1, 2), hint(false, 0, 1, 2)},
+		},
+		{
+			name:      "a device both reusable and available counts once",
+			machine:   []int{0, 1},
+			devices:   deviceMap(numaDev("a", 0), numaDev("b", 1)),
+			available: []string{"a", "b"},
+			reusable:  []string{"a"},
+			request:   2,
+			want:      []Hint{hint(true, 0, 1)},
+		},
+		{
+			name:      "node ids outside 0..63 never match",
+			machine:   []int{0, 1},
+			devices:   deviceMap(numaDev("a", 0), numaDev("neg", -1), numaDev("big", 64), numaDev("huge", 1<<40)),
+			available: []string{"a", "neg", "big", "huge"},
+			request:   1,
+			want:      []Hint{hint(true, 0)},
+		},
+		{
+			name:      "only ids outside the machine: fall back to machine nodes, nothing fits",
+			machine:   []int{0, 1},
+			devices:   deviceMap(numaDev("a", 99), numaDev("b", -1), numaDev("c", 7)),
+			available: []string{"a", "b", "c"},
+			request:   1,
+			want:      []Hint{},
+		},
+		{
+			name:      "fallback keeps the machine's order",
+			machine:   []int{3, 1, 70},
+			devices:   deviceMap(numaDev("a", 99)),
+			available: []string{"a"},
+			request:   0,
+			want:      []Hint{hint(true, 3), hint(true, 1), hint(false, 1, 3)},
+		},
+		{
+			name:      "nil device and nil node entries",
+			machine:   []int{0, 1},
+			devices:   map[string]*pluginapi.Device{"nilDev": nil, "nilEntry": nilEntry, "onlyNil": onlyNilEntry},
+			available: []string{"nilDev", "nilEntry", "onlyNil"},
+			request:   1,
+			want:      []Hint{hint(true, 1)},
+		},
+		{
+			name:      "no machine nodes: no masks",
+			machine:   nil,
+			devices:   deviceMap(numaDev("a", 0)),
+			available: []string{"a"},
+			request:   1,
+			want:      []Hint{},
+		},
+		{
+			name:    "multi-node devices lower the preferred size only when they fit",
+			machine: []int{0, 1, 2, 3},
+			devices: deviceMap(numaDev("a", 0, 1), numaDev("b", 1, 2), numaDev("c", 3),
+				numaDev("d", 2, 3)),
+			available: []string{"a", "c"},
+			request:   2,
+			// {1} holds a and b, {2} holds b and d: the narrowest possible
+			// placement has one node, but only a and c are free.
+			want: []Hint{
+				hint(false, 0, 3), hint(false, 1, 3),
+				hint(false, 0, 1, 3), hint(false, 0, 2, 3), hint(false, 1, 2, 3),
+				hint(false, 0, 1, 2, 3),
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := GenerateHints(tc.machine, tc.devices, sets.New(tc.available...), setOrNil(tc.reusable), tc.request)
+			require.NotNil(t, got)
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+func setOrNil(ids []string) sets.Set[string] {
+	if ids == nil {
+		return nil
+	}
+	return sets.New(ids...)
+}
+
+// TestDeviceNUMANodes: the nodes carrying devices, as candidates (SPEC 10.4).
+func TestDeviceNUMANodes(t *testing.T) {
+	tests := []struct {
+		name    string
+		machine []int
+		devices map[string]*pluginapi.Device
+		want    []int
+	}{
+		{
+			name:    "devices on 3 and 5 of 0,3,5,7",
+			machine: []int{0, 3, 5, 7},
+			devices: deviceMap(numaDev("a", 3), numaDev("b", 5), numaDev("c", 5)),
+			want:    []int{3, 5},
+		},
+		{
+			name:    "a device without topology is ignored",
+			machine: []int{0, 3, 5, 7},
+			devices: deviceMap(numaDev("a", 5), plainDev("b"), numaDev("c")),
+			want:    []int{5},
+		},
+		{
+			name:    "no topology at all",
+			machine: []int{0, 3, 5, 7},
+			devices: deviceMap(plainDev("a"), numaDev("b")),
+			want:    nil,
+		},
+		{
+			name:    "NUMA id unknown to the machine is dropped",
+			machine: []int{0, 3, 5, 7},
+			devices: deviceMap(numaDev("a", 3), numaDev("b", 99), numaDev("c", 1), numaDev("d", -1)),
+			want:    []int{3},
+		},
+		{
+			name:    "sorted whatever the machine order",
+			machine: []int{7, 5, 3, 0},
+			devices: deviceMap(numaDev("a", 7), numaDev("b", 0, 5)),
+			want:    []int{0, 5, 7},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := deviceNUMANodes(tc.machine, tallyDevices(tc.devices, nil, nil).nodes)
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+// TestGenerateDeviceTopologyHintsFiltersNUMANodes: the worked examples at the
+// end of SPEC 5.4.
+func TestGenerateDeviceTopologyHintsFiltersNUMANodes(t *testing.T) {
+	tests := []struct {
+		name      string
+		machine   []int
+		devices   map[string]*pluginapi.Device
+		available []string
+		reusable  []string
+		request   int
+		want      []Hint
+	}{
+		{
+			name:      "34 machine nodes, GPUs on 0 and 1",
+			machine:   seqNodes(34),
+			devices:   deviceMap(numaDev("gpu0", 0), numaDev("gpu1", 1)),
+			available: []string{"gpu0", "gpu1"},
+			request:   1,
+			want:      []Hint{hint(true, 0), hint(true, 1), hint(false, 0, 1)},
+		},
+		{
+			name:      "34 machine nodes, GPUs on 20 and 33",
+			machine:   seqNodes(34),
+			devices:   deviceMap(numaDev("gpu0", 33), numaDev("gpu1", 20)),
+			available: []string{"gpu0", "gpu1"},
+			request:   2,
+			want:      []Hint{hint(true, 20, 33)},
+		},
+		{
+			name:     "reusable only, on node 0 of 0..3",
+			machine:  []int{0, 1, 2, 3},
+			devices:  deviceMap(numaDev("a", 0)),
+			reusable: []string{"a"},
+			request:  1,
+			want:     []Hint{hint(true, 0)},
+		},
+		{
+			name:      "reusable on 0 plus available on 1",
+			machine:   []int{0, 1, 2, 3},
+			devices:   deviceMap(numaDev("a", 0), numaDev("b", 1)),
+			available: []string{"b"},
+			reusable:  []string{"a"},
+			request:   2,
+			want:      []Hint{hint(true, 0, 1)},
+		},
+		{
+			name:      "device-less nodes between device nodes are skipped",
+			machine:   seqNodes(8),
+			devices:   deviceMap(numaDev("a", 2), numaDev("b", 6)),
+			available: []string{"a", "b"},
+			request:   1,
+			want:      []Hint{hint(true, 2), hint(true, 6), hint(false, 2, 6)},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := GenerateHints(tc.machine, tc.devices, sets.New(tc.available...), setOrNil(tc.reusable), tc.request)
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+// TestGetPodTopologyHints: pod scope (SPEC 5.3, 10.4): requests from
+// PodRequests, held = the pod's devices, no reuse pool.
+func TestGetPodTopologyHints(t *testing.T) {
+	limits := func(kv ...any) v1.ResourceRequirements {
+		l := v1.ResourceList{}
+		for i := 0; i < len(kv); i += 2 {
+			l[v1.ResourceName(kv[i].(string))] = resource.MustParse(kv[i+1].(string))
+		}
+		return v1.ResourceRequirements{Limits: l}
+	}
+	fourDevices := func() []*pluginapi.Device {
+		return []*pluginapi.Device{numaDev("Dev1", 0), numaDev("Dev2", 0), numaDev("Dev3", 1), numaDev("Dev4", 1)}
+	}
+	registered := []string{"testdevice1", "testdevice2"}
+	spread := []Hint{hint(true, 0), hint(true, 1), hint(false, 0, 1)}
+
+	tests := []struct {
+		name      string
+		pod       v1.PodSpec
+		elsewhere map[string][]string // resource -> devices of another pod
+		held      map[string][]string // resource -> devices of this pod
+		want      map[string][]Hint
+	}{
+		{
+			name: "two resources over three containers, one unregistered",
+			pod: v1.PodSpec{Containers: []v1.Container{
+				{Name: "c1", Resources: limits("testdevice1", "2")},
+				{Name: "c2", Resources: limits("testdevice2", "2")},
+				{Name: "c3", Resources: limits("notRegistered", "2")},
+			}},
+			want: map[string][]Hint{"testdevice1": spread, "testdevice2": spread},
+		},
+		{
+			name: "init containers and app containers",
+			pod: v1.PodSpec{
+				InitContainers: []v1.Container{
+					{Name: "i1", Resources: limits("testdevice1", "1", "testdevice2", "1")},
+					{Name: "i2", Resources: limits("testdevice1", "1", "testdevice2", "2")},
+				},
+				Containers: []v1.Container{
+					{Name: "c1", Resources: limits("testdevice1", "1", "testdevice2", "1")},
+					{Name: "c2", Resources: limits("testdevice1", "1", "testdevice2", "1")},
+					{Name: "c3", Resources: limits("notRegistered", "1")},
+				},
+			},
+			want: map[string][]Hint{"testdevice1": spread, "testdevice2": spread},
+		},
+		{
+			name: "another pod's devices force cross-NUMA",
+			pod: v1.PodSpec{Containers: []v1.Container{
+				{Name: "c1", Resources: limits("testdevice1", "1", "testdevice2", "1")},
+				{Name: "c2", Resources: limits("testdevice1", "1", "testdevice2", "1")},
+				{Name: "c3", Resources: limits("notRegistered", "1")},
+			}},
+			elsewhere: map[string][]string{"testdevice1": {"Dev1", "Dev3"}, "testdevice2": {"Dev1", "Dev3"}},
+			want: map[string][]Hint{
+				"testdevice1": {hint(false, 0, 1)},
+				"testdevice2": {hint(false, 0, 1)},
+			},
+		},
+		{
+			name: "pod already holds its devices",
+			pod: v1.PodSpec{Containers: []v1.Container{
+				{Name: "c1", Resources: limits("testdevice1", "1")},
+				{Name: "c2", Resources: limits("testdevice1", "1")},
+			}},
+			held: map[string][]string{"testdevice1": {"Dev3", "Dev4"}},
+			want: map[string][]Hint{"testdevice1": {hint(true, 1), hint(false, 0, 1)}},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := make(map[string][]Hint)
+			for res, n := range PodRequests(&v1.Pod{Spec: tc.pod}) {
+				if !sets.New(registered...).Has(res) {
+					continue
+				}
+				devs := deviceMap(fourDevices()...)
+				r := HintRequest{
+					MachineNodes: []int{0, 1},
+					Devices:      devs,
+					Available:    sets.KeySet(devs).Delete(tc.elsewhere[res]...).Delete(tc.held[res]...),
+					Request:      int(n),
+				}
+				if held := tc.held[res]; held != nil {
+					r.Held = sets.New(held...)
+				}
+				got[res] = ResourceHints(r)
+			}
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
