@@ -1,0 +1,51 @@
+package podstate
+
+import "k8s.io/apimachinery/pkg/util/sets"
+
+// RequestCheck is what the admission pre-checks (SPEC §3.3 steps 1-6) need
+// about one container's request for one resource.
+type RequestCheck struct {
+	PodUID, ContainerName, Resource string
+	Required                        int              // the container's request
+	Held                            sets.Set[string] // Ledger.ContainerDevices; nil: no record
+	Registered                      bool             // a device set exists for the resource (healthy may be empty)
+	Healthy                         sets.Set[string] // healthy device IDs
+	// AlreadyRunning: the sources are not ready yet and the container was
+	// found running at start (SPEC §3.3 step 2, §3.9): skip the health checks.
+	AlreadyRunning bool
+}
+
+// CheckRequest runs the pre-checks in the kubelet's order and returns how many
+// devices remain to pick (0: no selection and no plugin call), or the first
+// failure:
+//  1. a record whose size differs from Required: *RequestChangedError;
+//  2. AlreadyRunning: 0, nil;
+//  3. not Registered: *ResourceError with ErrUnregisteredResource;
+//  4. no healthy device: *ResourceError with ErrNoHealthyDevices;
+//  5. a held device not healthy: *ResourceError with ErrAllocatedDeviceUnhealthy.
+//
+// Steps 3-5 run even when nothing is to be picked, as upstream does.
+func CheckRequest(c RequestCheck) (needed int, err error) {
+	needed = c.Required
+	if c.Held != nil {
+		if held := c.Held.Len(); held != c.Required {
+			return 0, &RequestChangedError{
+				PodUID: c.PodUID, ContainerName: c.ContainerName, Resource: c.Resource,
+				From: held, To: c.Required,
+			}
+		}
+		needed = 0
+	}
+	if c.AlreadyRunning {
+		return 0, nil
+	}
+	switch {
+	case !c.Registered:
+		return 0, &ResourceError{Resource: c.Resource, Err: ErrUnregisteredResource}
+	case c.Healthy.Len() == 0:
+		return 0, &ResourceError{Resource: c.Resource, Err: ErrNoHealthyDevices}
+	case c.Held != nil && !c.Healthy.IsSuperset(c.Held):
+		return 0, &ResourceError{Resource: c.Resource, Err: ErrAllocatedDeviceUnhealthy}
+	}
+	return needed, nil
+}

@@ -1,0 +1,137 @@
+package podstate
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+
+	"google.golang.org/protobuf/proto"
+	"k8s.io/apimachinery/pkg/util/sets"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/openkubelet/devmgr/checkpoint"
+)
+
+// recordKey names one record.
+type recordKey struct{ pod, container, resource string }
+
+func compareEntryKey(e checkpoint.PodDevicesEntry, k recordKey) int {
+	if c := cmp.Compare(e.PodUID, k.pod); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(e.ContainerName, k.container); c != 0 {
+		return c
+	}
+	return cmp.Compare(e.ResourceName, k.resource)
+}
+
+// track brings written and unwritable up to date after rec was stored under k.
+// Cost: O(log n) to find the place, plus a copy of the entries after it
+// (none when records arrive in order, as from a checkpoint).
+func (l *Ledger) track(k recordKey, rec *record) {
+	i, found := slices.BinarySearchFunc(l.written, k, compareEntryKey)
+	err := rec.checkpointable()
+	switch {
+	case err != nil:
+		l.unwritable[k] = err
+		if found {
+			l.written = slices.Delete(l.written, i, i+1)
+		}
+		return
+	case found:
+		l.written[i].DeviceIDs, l.written[i].AllocResp = rec.numa, rec.wire
+	default:
+		l.written = slices.Insert(l.written, i, checkpoint.PodDevicesEntry{
+			PodUID: k.pod, ContainerName: k.container, ResourceName: k.resource,
+			DeviceIDs: rec.numa, AllocResp: rec.wire,
+		})
+	}
+	delete(l.unwritable, k)
+}
+
+// untrack forgets the record k.
+func (l *Ledger) untrack(k recordKey) {
+	delete(l.unwritable, k)
+	if i, found := slices.BinarySearchFunc(l.written, k, compareEntryKey); found {
+		l.written = slices.Delete(l.written, i, i+1)
+	}
+}
+
+// untrackPods forgets every record of the pods, in one pass.
+func (l *Ledger) untrackPods(uids sets.Set[string]) {
+	if uids.Len() == 0 {
+		return
+	}
+	for k := range l.unwritable {
+		if uids.Has(k.pod) {
+			delete(l.unwritable, k)
+		}
+	}
+	l.written = slices.DeleteFunc(l.written, func(e checkpoint.PodDevicesEntry) bool { return uids.Has(e.PodUID) })
+}
+
+// ToCheckpoint returns one entry per record, sorted by (PodUID,
+// ContainerName, ResourceName), device IDs sorted within each NUMA list and
+// responses in deterministic protobuf encoding, so the same ledger always
+// yields the same entries; nil when there is no record. Pending reservations
+// are not written.
+//
+// The entries are kept sorted as records change and responses are encoded
+// once, by Insert, so the cost is one copy of the slice. The returned slice is
+// the caller's, but its entries share their DeviceIDs maps and AllocResp bytes
+// with the ledger, which never modifies them: treat those as read-only.
+//
+// A record without a response, or whose response could not be encoded, is
+// left out; the returned error then names each such record (errors.Join of
+// errors wrapping ErrNoResponse or ErrUnencodableResponse, in key order) while
+// the entries hold everything else.
+func (l *Ledger) ToCheckpoint() ([]checkpoint.PodDevicesEntry, error) {
+	var entries []checkpoint.PodDevicesEntry
+	if len(l.written) > 0 {
+		entries = slices.Clone(l.written)
+	}
+	if len(l.unwritable) == 0 {
+		return entries, nil
+	}
+	keys := slices.SortedFunc(maps.Keys(l.unwritable), func(a, b recordKey) int {
+		return cmp.Or(cmp.Compare(a.pod, b.pod), cmp.Compare(a.container, b.container), cmp.Compare(a.resource, b.resource))
+	})
+	errs := make([]error, 0, len(keys))
+	for _, k := range keys {
+		errs = append(errs, fmt.Errorf("pod %q container %q resource %q not checkpointed: %w",
+			k.pod, k.container, k.resource, l.unwritable[k]))
+	}
+	return entries, errors.Join(errs...)
+}
+
+func (r *record) checkpointable() error {
+	switch {
+	case r.resp == nil:
+		return ErrNoResponse
+	case r.wireErr != nil:
+		return fmt.Errorf("%w: %w", ErrUnencodableResponse, r.wireErr)
+	}
+	return nil
+}
+
+// FromCheckpoint inserts a record for each entry, as Insert does (a later
+// entry for the same pod, container and resource replaces an earlier one). A
+// nil AllocResp restores an empty response. An entry whose AllocResp does not
+// decode is skipped; the returned error then names each skipped entry
+// (errors.Join of errors wrapping ErrUndecodableResponse) while every other
+// entry is restored.
+func (l *Ledger) FromCheckpoint(entries []checkpoint.PodDevicesEntry) error {
+	var errs []error
+	for i, e := range entries {
+		resp := &pluginapi.ContainerAllocateResponse{}
+		if err := proto.Unmarshal(e.AllocResp, resp); err != nil {
+			errs = append(errs, fmt.Errorf("checkpoint entry %d (pod %q container %q resource %q) skipped: %w: %w",
+				i, e.PodUID, e.ContainerName, e.ResourceName, ErrUndecodableResponse, err))
+			continue
+		}
+		l.Insert(e.PodUID, e.ContainerName, e.ResourceName, e.DeviceIDs, resp)
+	}
+	return errors.Join(errs...)
+}

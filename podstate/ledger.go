@@ -1,0 +1,211 @@
+package podstate
+
+import (
+	"slices"
+
+	"google.golang.org/protobuf/proto"
+	"k8s.io/apimachinery/pkg/util/sets"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/openkubelet/devmgr/checkpoint"
+)
+
+// Ledger records which devices each container holds and the plugin's Allocate
+// response for them: pod UID -> container name -> resource -> record. It also
+// holds pending reservations (devices picked for a plugin call in flight) and
+// an index of allocated devices kept up to date on every change.
+//
+// A Ledger is not safe for concurrent use; the caller serialises all calls
+// (devicemanager holds its mutex around them). The zero value is not usable:
+// call NewLedger.
+type Ledger struct {
+	pods map[string]map[string]map[string]*record // podUID -> container -> resource
+
+	// index: resource -> device ID -> who holds it (records and reservations).
+	// A device is allocated iff it has an entry.
+	index map[string]map[string]*holders
+
+	pending map[ReservationID]*reservation
+	lastID  ReservationID
+
+	// written holds the checkpoint entry of every record that can be
+	// written, sorted by (pod, container, resource) and kept so on every
+	// change, so that ToCheckpoint is a copy. unwritable says why each other
+	// record is left out.
+	written    []checkpoint.PodDevicesEntry
+	unwritable map[recordKey]error
+}
+
+// record is one (pod, container, resource) allocation. It is never modified
+// after it is built: Insert replaces it, so its maps and slices may be shared
+// with the entries ToCheckpoint returns.
+type record struct {
+	numa checkpoint.DevicesPerNUMA // every list sorted
+	ids  []string                  // distinct IDs over all NUMA lists, sorted
+	resp *pluginapi.ContainerAllocateResponse
+	wire []byte // deterministic encoding of resp; nil when resp is nil or wireErr is set
+	// wireErr is the encoding error, reported by ToCheckpoint.
+	wireErr error
+}
+
+// NewLedger returns an empty ledger.
+func NewLedger() *Ledger {
+	return &Ledger{
+		pods:       make(map[string]map[string]map[string]*record),
+		index:      make(map[string]map[string]*holders),
+		pending:    make(map[ReservationID]*reservation),
+		unwritable: make(map[recordKey]error),
+	}
+}
+
+var deterministic = proto.MarshalOptions{Deterministic: true}
+
+func newRecord(numa checkpoint.DevicesPerNUMA, resp *pluginapi.ContainerAllocateResponse) *record {
+	r := &record{numa: make(checkpoint.DevicesPerNUMA, len(numa)), resp: resp}
+	all := make([]string, 0, len(numa))
+	for node, ids := range numa {
+		list := slices.Clone(ids)
+		slices.Sort(list)
+		r.numa[node] = list
+		all = append(all, list...)
+	}
+	slices.Sort(all)
+	r.ids = slices.Compact(all)
+	if resp != nil {
+		r.wire, r.wireErr = deterministic.Marshal(resp)
+		if r.wireErr != nil {
+			r.wire = nil
+		}
+	}
+	return r
+}
+
+// Insert records that (podUID, containerName) holds the devices of numa for
+// resource, with the plugin's response, replacing any earlier record for the
+// same three keys (its devices are released unless still held otherwise).
+// numa is copied; resp is kept as given and must not be modified afterwards.
+// A nil resp is allowed: the devices are held, but the record is left out of
+// the checkpoint and of the run options.
+func (l *Ledger) Insert(podUID, containerName, resource string, numa checkpoint.DevicesPerNUMA,
+	resp *pluginapi.ContainerAllocateResponse) {
+	l.put(ContainerRef{PodUID: podUID, ContainerName: containerName}, resource, newRecord(numa, resp))
+}
+
+func (l *Ledger) put(ref ContainerRef, resource string, rec *record) {
+	ctrs := l.pods[ref.PodUID]
+	if ctrs == nil {
+		ctrs = make(map[string]map[string]*record)
+		l.pods[ref.PodUID] = ctrs
+	}
+	recs := ctrs[ref.ContainerName]
+	if recs == nil {
+		recs = make(map[string]*record)
+		ctrs[ref.ContainerName] = recs
+	}
+	if old := recs[resource]; old != nil {
+		l.release(resource, old.ids, ref)
+	}
+	recs[resource] = rec
+	l.hold(resource, rec.ids, ref)
+	l.track(recordKey{ref.PodUID, ref.ContainerName, resource}, rec)
+}
+
+// DeletePods drops every record of the given pods and releases their devices.
+// Pending reservations are kept, whatever pod made them.
+func (l *Ledger) DeletePods(podUIDs ...string) {
+	gone := sets.New[string]()
+	for _, uid := range podUIDs {
+		ctrs, ok := l.pods[uid]
+		if !ok {
+			continue
+		}
+		for name, recs := range ctrs {
+			ref := ContainerRef{PodUID: uid, ContainerName: name}
+			for res, rec := range recs {
+				l.release(res, rec.ids, ref)
+			}
+		}
+		delete(l.pods, uid)
+		gone.Insert(uid)
+	}
+	l.untrackPods(gone)
+}
+
+// DeleteContainerResources drops the records of (podUID, containerName) for
+// the given resources and releases their devices; resources without a record
+// are ignored. It undoes a container's partial admission.
+func (l *Ledger) DeleteContainerResources(podUID, containerName string, resources ...string) {
+	ctrs := l.pods[podUID]
+	recs := ctrs[containerName]
+	if recs == nil {
+		return
+	}
+	ref := ContainerRef{PodUID: podUID, ContainerName: containerName}
+	for _, res := range resources {
+		if rec := recs[res]; rec != nil {
+			l.release(res, rec.ids, ref)
+			l.untrack(recordKey{podUID, containerName, res})
+			delete(recs, res)
+		}
+	}
+	if len(recs) == 0 {
+		delete(ctrs, containerName)
+	}
+	if len(ctrs) == 0 {
+		delete(l.pods, podUID)
+	}
+}
+
+// Pods returns the UIDs of the pods that have records.
+func (l *Ledger) Pods() sets.Set[string] { return sets.KeySet(l.pods) }
+
+// Len returns the number of pods that have records.
+func (l *Ledger) Len() int { return len(l.pods) }
+
+// HasPod reports whether the pod has records.
+func (l *Ledger) HasPod(podUID string) bool {
+	_, ok := l.pods[podUID]
+	return ok
+}
+
+// ContainerDevices returns the device IDs recorded for the container and
+// resource, or nil when the pod, the container or the record is absent.
+func (l *Ledger) ContainerDevices(podUID, containerName, resource string) sets.Set[string] {
+	rec := l.pods[podUID][containerName][resource]
+	if rec == nil {
+		return nil
+	}
+	return sets.New(rec.ids...)
+}
+
+// PodDevices returns the union of the device IDs recorded for resource over
+// the pod's containers; never nil.
+func (l *Ledger) PodDevices(podUID, resource string) sets.Set[string] {
+	out := sets.New[string]()
+	for _, recs := range l.pods[podUID] {
+		if rec := recs[resource]; rec != nil {
+			out.Insert(rec.ids...)
+		}
+	}
+	return out
+}
+
+// Devices returns, per resource with at least one record, the union of the
+// recorded device IDs (pending reservations excluded). Unlike upstream, a
+// record without a response contributes its IDs too: its devices are in use.
+func (l *Ledger) Devices() map[string]sets.Set[string] {
+	out := make(map[string]sets.Set[string])
+	for _, ctrs := range l.pods {
+		for _, recs := range ctrs {
+			for res, rec := range recs {
+				s := out[res]
+				if s == nil {
+					s = sets.New[string]()
+					out[res] = s
+				}
+				s.Insert(rec.ids...)
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,162 @@
+package podstate
+
+import (
+	"slices"
+
+	"k8s.io/apimachinery/pkg/util/sets"
+)
+
+// Tiers splits the available devices of a resource by their place relative to
+// the container's NUMA affinity, each tier in preference order (the shape of
+// topology.Tiers, redeclared so podstate does not depend on topology).
+type Tiers struct {
+	Aligned    []string // on a NUMA node of the affinity
+	Unaligned  []string // only on other nodes
+	NoTopology []string // no NUMA node; all of Available when there is no affinity
+}
+
+// SelectInput is what device selection (SPEC §3.3 step 7) works from. Build it
+// under the caller's lock; it is not modified.
+type SelectInput struct {
+	Resource string // for error messages
+	Required int    // the container's full request for the resource
+	Needed   int    // devices still to pick (Required minus those already held)
+	// Reusable is the reuse pool for the resource, in the order to take it
+	// (sort it for determinism). Its devices are taken first, unchecked.
+	Reusable []string
+	// Available: healthy devices that no record or reservation holds.
+	Available sets.Set[string]
+	// Tiers partition Available; IDs outside Available are ignored.
+	Tiers Tiers
+}
+
+// PreferredQuery is the plugin's GetPreferredAllocation request for one
+// container: sorted IDs, and Size the full request.
+type PreferredQuery struct {
+	Available   []string
+	MustInclude []string
+	Size        int
+}
+
+// selection is the state of one run of the selection rules.
+type selection struct {
+	in     SelectInput
+	picked []string
+	has    sets.Set[string]
+	needed int
+	// free: Available minus picked reusable devices, the snapshot of step 7b.
+	free sets.Set[string]
+	// aligned: the aligned tier restricted to free, without duplicates.
+	aligned []string
+	// askFirst: step 7d (the plugin chooses among aligned devices) rather than
+	// 7e (all aligned devices taken, the plugin chooses among the rest).
+	askFirst bool
+}
+
+// take picks, in order, the IDs of ids that pass ok and are not yet picked,
+// until nothing is needed. It reports whether nothing is needed any more.
+func (s *selection) take(ids []string, ok func(string) bool) bool {
+	for _, id := range ids {
+		if s.needed <= 0 {
+			break
+		}
+		if s.has.Has(id) || (ok != nil && !ok(id)) {
+			continue
+		}
+		s.picked = append(s.picked, id)
+		s.has.Insert(id)
+		s.needed--
+	}
+	return s.needed <= 0
+}
+
+// start runs the selection rules up to the point where the plugin's
+// preference is needed. done reports that the picks are complete without it.
+func start(in SelectInput) (s *selection, done bool, err error) {
+	s = &selection{in: in, has: sets.New[string](), needed: in.Needed}
+	if s.needed <= 0 || s.take(in.Reusable, nil) {
+		return s, true, nil
+	}
+	s.free = in.Available.Difference(s.has)
+	if len(s.free) < s.needed {
+		return nil, false, &InsufficientDevicesError{
+			Resource: in.Resource, Requested: s.needed, Available: len(s.free),
+		}
+	}
+	seen := sets.New[string]()
+	for _, id := range in.Tiers.Aligned {
+		if s.free.Has(id) && !seen.Has(id) {
+			seen.Insert(id)
+			s.aligned = append(s.aligned, id)
+		}
+	}
+	if s.needed < len(s.aligned) {
+		s.askFirst = true
+		return s, false, nil
+	}
+	return s, s.take(s.aligned, nil), nil
+}
+
+// query is the plugin request at the current point: the candidates plus
+// everything picked so far, which the plugin must include.
+func (s *selection) query() PreferredQuery {
+	cands := s.has.Clone()
+	if s.askFirst {
+		cands.Insert(s.aligned...)
+	} else {
+		cands = cands.Union(s.free)
+	}
+	return PreferredQuery{
+		Available:   sets.List(cands),
+		MustInclude: sets.List(s.has),
+		Size:        s.in.Required,
+	}
+}
+
+// PreferredQueryFor returns the GetPreferredAllocation request that Select
+// would use the answer to, and false when Select will not consult the plugin
+// (nothing to pick, the reuse pool or the aligned tier covers the request, or
+// too few devices are available).
+func PreferredQueryFor(in SelectInput) (PreferredQuery, bool) {
+	s, done, err := start(in)
+	if err != nil || done {
+		return PreferredQuery{}, false
+	}
+	return s.query(), true
+}
+
+// Select picks the devices for one container and resource (SPEC §3.3 step 7)
+// and returns them sorted; nil when nothing is needed. preferred is the
+// plugin's answer to PreferredQueryFor(in) (nil if the plugin was not asked);
+// IDs in it that are not candidates are ignored.
+//
+// The rules: take from Reusable; fail with *InsufficientDevicesError when
+// fewer than the remaining need are available; if the need is strictly below
+// the number of aligned devices, take preferred aligned devices, then other
+// aligned ones; otherwise take every aligned device, then preferred available
+// ones, then Unaligned, then NoTopology. Running out of candidates fails with
+// *ShortfallError. Select is pure: on error nothing has been picked anywhere.
+func Select(in SelectInput, preferred []string) ([]string, error) {
+	s, done, err := start(in)
+	if err != nil {
+		return nil, err
+	}
+	if !done {
+		if s.askFirst {
+			aligned := sets.New(s.aligned...)
+			done = s.take(preferred, aligned.Has) || s.take(s.aligned, nil)
+		} else {
+			done = s.take(preferred, s.free.Has) ||
+				s.take(in.Tiers.Unaligned, s.free.Has) ||
+				s.take(in.Tiers.NoTopology, s.free.Has)
+		}
+	}
+	if !done {
+		return nil, &ShortfallError{Resource: in.Resource, Requested: in.Required, Got: in.Required - s.needed}
+	}
+	if len(s.picked) == 0 {
+		return nil, nil
+	}
+	slices.Sort(s.picked)
+	return s.picked, nil
+}
