@@ -1,0 +1,271 @@
+package endpoint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	"k8s.io/utils/clock"
+)
+
+// Defaults of Options.
+const (
+	DefaultCallTimeout     = 30 * time.Second
+	DefaultPreStartTimeout = pluginapi.KubeletPreStartContainerRPCTimeoutInSecs * time.Second
+	DefaultDialTimeout     = 10 * time.Second
+	DefaultMaxRecvMsgSize  = 64 << 20
+)
+
+// ErrStopped is returned by every call on a stopped endpoint.
+var ErrStopped = errors.New("endpoint has been stopped")
+
+// Options tune an endpoint. Zero values mean the defaults.
+type Options struct {
+	// CallTimeout bounds each Allocate and GetPreferredAllocation call.
+	CallTimeout time.Duration
+	// PreStartTimeout bounds each PreStartContainer call (the kubelet's 30 s).
+	PreStartTimeout time.Duration
+	// DialTimeout bounds Dial: connecting and fetching the plugin's options.
+	DialTimeout time.Duration
+	// MaxRecvMsgSize is the largest message accepted from the plugin, in
+	// bytes; it matters for ListAndWatch lists of tens of thousands of IDs.
+	MaxRecvMsgSize int
+	// Clock gives stop times; default the real clock.
+	Clock clock.PassiveClock
+}
+
+func (o Options) withDefaults() Options {
+	if o.CallTimeout <= 0 {
+		o.CallTimeout = DefaultCallTimeout
+	}
+	if o.PreStartTimeout <= 0 {
+		o.PreStartTimeout = DefaultPreStartTimeout
+	}
+	if o.DialTimeout <= 0 {
+		o.DialTimeout = DefaultDialTimeout
+	}
+	if o.MaxRecvMsgSize <= 0 {
+		o.MaxRecvMsgSize = DefaultMaxRecvMsgSize
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
+	return o
+}
+
+// Endpoint is one plugin instance of one resource.
+type Endpoint struct {
+	resource string
+	socket   string
+	opts     Options
+	conn     *grpc.ClientConn // nil for a stopped placeholder
+	client   pluginapi.DevicePluginClient
+	options  *pluginapi.DevicePluginOptions // nil for a stopped placeholder
+
+	// ctx is cancelled by Stop; it ends the ListAndWatch stream.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	// mu guards the fields below.
+	mu       sync.Mutex
+	stopTime time.Time
+	closed   bool
+}
+
+// Dial connects to the plugin serving resource on the unix socket at path and
+// fetches its DevicePluginOptions, all within opts.DialTimeout (and ctx). The
+// socket must exist and be a socket: anything else fails at once with a clear
+// error instead of waiting for the deadline. On any error the connection is
+// closed.
+func Dial(ctx context.Context, resource, path string, opts Options) (*Endpoint, error) {
+	opts = opts.withDefaults()
+	info, err := os.Stat(path)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("failed to dial device plugin: socket %s does not exist", path)
+		}
+		return nil, fmt.Errorf("failed to dial device plugin: %w", err)
+	}
+	if info.Mode().Type() != fs.ModeSocket {
+		return nil, fmt.Errorf("failed to dial device plugin: %s is not a unix socket", path)
+	}
+	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", path)
+	}
+	// The target is only an authority; the dialer ignores it, so any path
+	// (spaces, '%', '=') reaches the socket unchanged.
+	conn, err := grpc.NewClient("passthrough:///localhost",
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(dialer),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(opts.MaxRecvMsgSize)),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("failed to dial device plugin: %w", err)
+	}
+	client := pluginapi.NewDevicePluginClient(conn)
+	dctx, cancel := context.WithTimeout(ctx, opts.DialTimeout)
+	defer cancel()
+	options, err := client.GetDevicePluginOptions(dctx, &pluginapi.Empty{}, grpc.WaitForReady(true))
+	if err != nil {
+		_ = conn.Close()
+		return nil, fmt.Errorf("failed to get device plugin options: %w", err)
+	}
+	if options == nil {
+		options = &pluginapi.DevicePluginOptions{}
+	}
+	e := &Endpoint{resource: resource, socket: path, opts: opts, conn: conn, client: client, options: options}
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	return e, nil
+}
+
+// NewStopped returns a placeholder endpoint for a resource whose plugin is not
+// connected (restored from a checkpoint): stopped now, no options, every call
+// refused with ErrStopped.
+func NewStopped(resource string, c clock.PassiveClock) *Endpoint {
+	opts := Options{Clock: c}.withDefaults()
+	e := &Endpoint{resource: resource, opts: opts, stopTime: opts.Clock.Now(), closed: true}
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.cancel()
+	return e
+}
+
+// Resource returns the resource name the plugin registered.
+func (e *Endpoint) Resource() string { return e.resource }
+
+// SocketPath returns the plugin's socket path ("" for a placeholder).
+func (e *Endpoint) SocketPath() string { return e.socket }
+
+// Options returns the plugin's options as fetched by Dial; nil for a
+// placeholder. The value must not be modified.
+func (e *Endpoint) Options() *pluginapi.DevicePluginOptions { return e.options }
+
+// Run opens the ListAndWatch stream and calls onMessage for every message, in
+// order, until the stream ends, ctx is cancelled or the endpoint is stopped.
+// It returns the reason the stream ended (nil when stopped or cancelled
+// meanwhile; ErrStopped when the endpoint was stopped before).
+// onMessage runs on Run's goroutine; a slow callback delays the next message.
+func (e *Endpoint) Run(ctx context.Context, onMessage func(*pluginapi.ListAndWatchResponse)) error {
+	if e.client == nil || e.IsStopped() {
+		return ErrStopped
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(e.ctx, cancel)
+	defer stop()
+
+	stream, err := e.client.ListAndWatch(ctx, &pluginapi.Empty{})
+	if err != nil {
+		return e.streamErr(ctx, fmt.Errorf("open ListAndWatch: %w", err))
+	}
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			return e.streamErr(ctx, fmt.Errorf("ListAndWatch: %w", err))
+		}
+		onMessage(msg)
+	}
+}
+
+// streamErr returns err unless the stream ended because ctx was cancelled
+// (Stop, or the caller), which is not a failure.
+func (e *Endpoint) streamErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil //nolint:nilerr // cancellation is the expected end of the stream
+	}
+	return err
+}
+
+// Stop marks the endpoint stopped at the clock's current time (unless it was
+// already), ends its stream and closes its connection. Idempotent.
+func (e *Endpoint) Stop() {
+	e.mu.Lock()
+	if e.stopTime.IsZero() {
+		e.stopTime = e.opts.Clock.Now()
+	}
+	closeConn := !e.closed
+	e.closed = true
+	e.mu.Unlock()
+	e.cancel()
+	if closeConn && e.conn != nil {
+		_ = e.conn.Close()
+	}
+}
+
+// IsStopped reports whether Stop was called (or the endpoint is a placeholder).
+func (e *Endpoint) IsStopped() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return !e.stopTime.IsZero()
+}
+
+// StopTime returns when the endpoint was stopped; zero while it runs.
+func (e *Endpoint) StopTime() time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.stopTime
+}
+
+// GracePeriodExpired reports whether the endpoint was stopped more than grace
+// ago (strictly), on the endpoint's clock.
+func (e *Endpoint) GracePeriodExpired(grace time.Duration) bool {
+	t := e.StopTime()
+	return !t.IsZero() && e.opts.Clock.Since(t) > grace
+}
+
+// stoppedErr returns the kubelet's error for a call on a stopped endpoint.
+func (e *Endpoint) stoppedErr() error {
+	if e.IsStopped() {
+		return fmt.Errorf("endpoint %s (%s) has been stopped: %w", e.resource, e.socket, ErrStopped)
+	}
+	return nil
+}
+
+// Allocate asks the plugin to allocate devices for one container, within
+// CallTimeout.
+func (e *Endpoint) Allocate(ctx context.Context, deviceIDs []string) (*pluginapi.AllocateResponse, error) {
+	if err := e.stoppedErr(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, e.opts.CallTimeout)
+	defer cancel()
+	return e.client.Allocate(ctx, &pluginapi.AllocateRequest{
+		ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: deviceIDs}},
+	})
+}
+
+// PreStartContainer tells the plugin a container with these devices is about
+// to start, within PreStartTimeout.
+func (e *Endpoint) PreStartContainer(ctx context.Context, deviceIDs []string) (*pluginapi.PreStartContainerResponse, error) {
+	if err := e.stoppedErr(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, e.opts.PreStartTimeout)
+	defer cancel()
+	return e.client.PreStartContainer(ctx, &pluginapi.PreStartContainerRequest{DevicesIds: deviceIDs})
+}
+
+// GetPreferredAllocation asks the plugin which size devices it prefers among
+// available, including mustInclude, within CallTimeout.
+func (e *Endpoint) GetPreferredAllocation(ctx context.Context, available, mustInclude []string, size int) (*pluginapi.PreferredAllocationResponse, error) {
+	if err := e.stoppedErr(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, e.opts.CallTimeout)
+	defer cancel()
+	return e.client.GetPreferredAllocation(ctx, &pluginapi.PreferredAllocationRequest{
+		ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{
+			AvailableDeviceIDs:   available,
+			MustIncludeDeviceIDs: mustInclude,
+			AllocationSize:       int32(size),
+		}},
+	})
+}
