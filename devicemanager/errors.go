@@ -1,0 +1,66 @@
+package devicemanager
+
+import (
+	"errors"
+
+	"github.com/openkubelet/devmgr/endpoint"
+	"github.com/openkubelet/devmgr/podstate"
+)
+
+// Sentinel errors. Every error Allocate and GetDeviceRunContainerOptions return
+// for a refused admission wraps one of them (test with errors.Is); the message
+// itself keeps the kubelet's text, which operators grep for.
+var (
+	// ErrUnregisteredResource: "cannot allocate unregistered device <res>".
+	ErrUnregisteredResource = podstate.ErrUnregisteredResource
+	// ErrNoHealthyDevices: "no healthy devices present; cannot allocate
+	// unhealthy devices <res>".
+	ErrNoHealthyDevices = podstate.ErrNoHealthyDevices
+	// ErrAllocatedDeviceUnhealthy: "previously allocated devices are no longer
+	// healthy; cannot allocate unhealthy devices <res>".
+	ErrAllocatedDeviceUnhealthy = podstate.ErrAllocatedDeviceUnhealthy
+	// ErrInsufficientDevices: "requested number of devices unavailable for
+	// <res>. Requested: N, Available: M".
+	ErrInsufficientDevices = podstate.ErrInsufficientDevices
+	// ErrRequestChanged: "pod <uid> container <name> changed request for
+	// resource <res> from N to M".
+	ErrRequestChanged = podstate.ErrRequestChanged
+	// ErrUnknownPlugin: the resource has no plugin endpoint ("unknown Device
+	// Plugin <res>", "endpoint not found in cache for a registered resource:
+	// <res>").
+	ErrUnknownPlugin = errors.New("unknown device plugin")
+	// ErrEndpointStopped: the resource's plugin is gone ("endpoint <res>
+	// (<socket>) has been stopped").
+	ErrEndpointStopped = endpoint.ErrStopped
+	// ErrPluginCall: a plugin RPC failed, timed out or answered garbage; the
+	// gRPC error is wrapped too.
+	ErrPluginCall = errors.New("device plugin call failed")
+	// ErrStopped: the manager is stopped.
+	ErrStopped = errors.New("device manager is stopped")
+)
+
+// admissionError carries the kubelet's message and wraps a sentinel and,
+// optionally, the underlying cause.
+type admissionError struct {
+	msg      string
+	sentinel error
+	cause    error
+}
+
+func (e *admissionError) Error() string { return e.msg }
+
+func (e *admissionError) Unwrap() []error {
+	if e.cause == nil {
+		return []error{e.sentinel}
+	}
+	return []error{e.sentinel, e.cause}
+}
+
+// pluginCallError wraps a failed RPC: the message is msg followed by the
+// cause, and both ErrPluginCall and the cause match.
+func pluginCallError(msg string, cause error) error {
+	if errors.Is(cause, endpoint.ErrStopped) {
+		return cause
+	}
+	return &admissionError{msg: msg + cause.Error(), sentinel: ErrPluginCall, cause: cause}
+}

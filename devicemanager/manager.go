@@ -1,0 +1,267 @@
+package devicemanager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"google.golang.org/grpc"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/klog/v2"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/openkubelet/devmgr/checkpoint"
+	"github.com/openkubelet/devmgr/endpoint"
+	"github.com/openkubelet/devmgr/podstate"
+)
+
+type lifecycle int
+
+const (
+	created lifecycle = iota
+	started
+	stopped
+)
+
+// ManagerImpl is the device manager. Every method is safe for concurrent use.
+type ManagerImpl struct {
+	opts          Options
+	log           klog.Logger
+	store         checkpoint.Manager
+	kubeletSocket string
+	updates       *updateQueue
+
+	// ctx is cancelled by Stop; every goroutine the manager starts ends with it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// wg counts every goroutine the manager started.
+	wg sync.WaitGroup
+	// stopOnce makes Stop idempotent.
+	stopOnce sync.Once
+
+	// writeMu serialises checkpoint writes. It is taken before mu, never
+	// while mu is held.
+	writeMu sync.Mutex
+	// writtenGen is the state generation the file reflects; lastBlob is what
+	// was last written. Guarded by writeMu.
+	writtenGen uint64
+	lastBlob   []byte
+
+	// mu guards everything below.
+	mu    sync.Mutex
+	state lifecycle
+	// resources holds one record per resource a plugin registered or the
+	// checkpoint named.
+	resources map[string]*resourceState
+	ledger    *podstate.Ledger
+	// reuse holds, per pod being admitted, devices its regular init containers
+	// used and later containers may take again.
+	reuse map[string]map[string]sets.Set[string]
+	// inflight counts Allocate calls in progress per pod; such pods are
+	// neither garbage-collected nor lose their reuse pool.
+	inflight     map[string]int
+	activePods   ActivePodsFunc
+	sourcesReady SourcesReady
+	containerMap podstate.ContainerMap
+	running      sets.Set[string]
+	// gen counts changes of the checkpoint's content.
+	gen uint64
+	// connSeq numbers plugin registrations.
+	connSeq  uint64
+	server   *grpc.Server
+	serveErr error
+}
+
+// NewManagerImpl returns a manager configured by opts. It validates the
+// options (directories must be absolute) and touches no files; Start does.
+func NewManagerImpl(opts Options) (*ManagerImpl, error) {
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	store, err := checkpoint.NewManager(opts.CheckpointDir)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	m := &ManagerImpl{
+		opts:          opts,
+		log:           opts.Logger.WithName("devicemanager"),
+		store:         store,
+		kubeletSocket: filepath.Join(opts.SocketDir, KubeletSocketName),
+		updates:       newUpdateQueue(),
+		ctx:           ctx,
+		cancel:        cancel,
+		resources:     map[string]*resourceState{},
+		ledger:        podstate.NewLedger(),
+		reuse:         map[string]map[string]sets.Set[string]{},
+		inflight:      map[string]int{},
+		activePods:    func() []*v1.Pod { return nil },
+		sourcesReady:  alwaysReady{},
+	}
+	return m, nil
+}
+
+type alwaysReady struct{}
+
+func (alwaysReady) AllReady() bool { return true }
+
+// Start creates SocketDir (0750) and CheckpointDir if missing, reads the
+// checkpoint, removes unix sockets left in SocketDir (never regular files or
+// directories) and listens on SocketDir/kubelet.sock. nil activePods,
+// sourcesReady, initialContainers or initialRunning mean: no pods, always
+// ready, none running.
+//
+// A checkpoint that cannot be read (corrupt, bad JSON, unreadable) is logged,
+// moved aside as kubelet_internal_checkpoint.bad-<unix time>, and Start goes
+// on with no allocations.
+func (m *ManagerImpl) Start(activePods ActivePodsFunc, sourcesReady SourcesReady,
+	initialContainers podstate.ContainerMap, initialRunning sets.Set[string]) error {
+	m.mu.Lock()
+	switch m.state {
+	case started:
+		m.mu.Unlock()
+		return errors.New("device manager already started")
+	case stopped:
+		m.mu.Unlock()
+		return ErrStopped
+	}
+	if activePods != nil {
+		m.activePods = activePods
+	}
+	if sourcesReady != nil {
+		m.sourcesReady = sourcesReady
+	}
+	m.containerMap = initialContainers
+	m.running = initialRunning
+	m.mu.Unlock()
+
+	for _, dir := range []string{m.opts.SocketDir, m.opts.CheckpointDir} {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return fmt.Errorf("create directory: %w", err)
+		}
+	}
+	m.readCheckpoint()
+	if err := m.removeStaleSockets(); err != nil {
+		return err
+	}
+	lis, err := net.Listen("unix", m.kubeletSocket)
+	if err != nil {
+		return fmt.Errorf("failed to listen to socket while starting device plugin registry: %w", err)
+	}
+	// Stop waits for Register handlers too, so none outlives the manager.
+	server := grpc.NewServer(grpc.WaitForHandlers(true))
+	pluginapi.RegisterRegistrationServer(server, &registrationServer{m: m})
+
+	m.mu.Lock()
+	if m.state != created { // Stop ran meanwhile
+		m.mu.Unlock()
+		_ = lis.Close()
+		return ErrStopped
+	}
+	m.state = started
+	m.server = server
+	m.wg.Add(2)
+	m.mu.Unlock()
+
+	go func() {
+		defer m.wg.Done()
+		if err := server.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			m.mu.Lock()
+			m.serveErr = err
+			m.mu.Unlock()
+			m.log.Error(err, "Registration server stopped serving")
+		}
+	}()
+	go func() {
+		defer m.wg.Done()
+		m.updates.run(m.ctx)
+	}()
+	m.log.V(2).Info("Device manager started", keySocket, m.kubeletSocket)
+	return nil
+}
+
+// removeStaleSockets removes every unix socket in SocketDir: plugins of a
+// previous run notice their socket is gone and register again. Regular files,
+// directories and symbolic links are left alone.
+func (m *ManagerImpl) removeStaleSockets() error {
+	entries, err := os.ReadDir(m.opts.SocketDir)
+	if err != nil {
+		return fmt.Errorf("list socket directory: %w", err)
+	}
+	var errs []error
+	for _, e := range entries {
+		if e.Type() != os.ModeSocket {
+			continue
+		}
+		p := filepath.Join(m.opts.SocketDir, e.Name())
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+			continue
+		}
+		m.log.V(2).Info("Removed stale socket", keyPath, p)
+	}
+	return errors.Join(errs...)
+}
+
+// Stop disconnects every plugin, closes and removes kubelet.sock, and returns
+// when every goroutine the manager started has ended. It does not write the
+// checkpoint. Idempotent; safe before Start. After Stop the getters keep
+// answering from the last state, Allocate fails with ErrStopped, and the
+// Updates channel is closed.
+func (m *ManagerImpl) Stop() error {
+	m.stopOnce.Do(func() {
+		m.mu.Lock()
+		m.state = stopped
+		server := m.server
+		var eps []*endpoint.Endpoint
+		for _, r := range m.resources {
+			for _, in := range r.instances {
+				eps = append(eps, in.ep)
+			}
+		}
+		m.mu.Unlock()
+
+		m.cancel()
+		if server != nil {
+			server.Stop()
+		}
+		for _, ep := range eps {
+			ep.Stop()
+		}
+		m.wg.Wait()
+		m.updates.close()
+		if server != nil {
+			if err := os.Remove(m.kubeletSocket); err != nil && !errors.Is(err, os.ErrNotExist) {
+				m.log.Error(err, "Failed to remove registration socket", keyPath, m.kubeletSocket)
+			}
+		}
+		m.log.V(2).Info("Device manager stopped")
+	})
+	return nil
+}
+
+// HealthCheck returns nil while the registration server serves.
+func (m *ManagerImpl) HealthCheck() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch {
+	case m.serveErr != nil:
+		return fmt.Errorf("device registration error: device plugin registration gRPC server failed and no device plugins can register: %w", m.serveErr)
+	case m.state == created:
+		return errors.New("device registration error: device manager is not started")
+	case m.state == stopped:
+		return ErrStopped
+	}
+	return nil
+}
+
+// Updates returns the channel on which the manager names pods whose allocated
+// devices changed health. No pod UID is ever dropped: while the reader is slow,
+// pending UIDs are merged into the next update. The channel is closed by Stop.
+func (m *ManagerImpl) Updates() <-chan ResourceUpdate { return m.updates.out }

@@ -1,0 +1,141 @@
+package devicemanager
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"k8s.io/klog/v2"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	"k8s.io/utils/clock"
+
+	"github.com/openkubelet/devmgr/endpoint"
+	"github.com/openkubelet/devmgr/topology"
+)
+
+// DefaultStopGracePeriod is how long a resource whose plugin is gone stays
+// visible (with allocatable 0) before GetCapacity removes it: the kubelet's
+// five minutes.
+const DefaultStopGracePeriod = 5 * time.Minute
+
+// KubeletSocketName is the name of the registration socket in SocketDir.
+const KubeletSocketName = "kubelet.sock"
+
+// Options configure a ManagerImpl. Zero values mean the defaults; further
+// options are only ever added as fields whose zero value means "default".
+type Options struct {
+	// SocketDir holds kubelet.sock and the plugins' sockets; absolute.
+	// Default pluginapi.DevicePluginPath (/var/lib/kubelet/device-plugins/).
+	SocketDir string
+	// CheckpointDir holds kubelet_internal_checkpoint; absolute. Default
+	// SocketDir.
+	CheckpointDir string
+	// NUMANodes are the machine's NUMA node ids (topology.Discover reads them
+	// from sysfs). Empty: no topology; hints are then "no preference".
+	NUMANodes []int
+	// AffinityStore gives the NUMA affinity chosen for each container; nil:
+	// no alignment.
+	AffinityStore topology.AffinityStore
+	// StopGracePeriod: how long a resource outlives its plugin. Default 5m.
+	StopGracePeriod time.Duration
+	// CallTimeout bounds each Allocate and GetPreferredAllocation call.
+	// Default 30s.
+	CallTimeout time.Duration
+	// PreStartTimeout bounds each PreStartContainer call. Default 30s.
+	PreStartTimeout time.Duration
+	// DialTimeout bounds the dial-back of a registering plugin. Default 10s.
+	DialTimeout time.Duration
+	// MaxRecvMsgSize is the largest ListAndWatch message accepted, in bytes.
+	// Default 64 MiB (the kubelet: 4 MiB).
+	MaxRecvMsgSize int
+	// RequirePlugin lists resource names, or "domain/*" patterns, that only a
+	// device plugin serves: admission of such a resource fails while no plugin
+	// has registered it, instead of being ignored as an admin-advertised
+	// extended resource.
+	RequirePlugin []string
+	// Clock gives stop times and the grace period; default the real clock.
+	Clock clock.Clock
+	// Logger is the manager's logger; default klog.Background().
+	Logger klog.Logger
+}
+
+func (o Options) withDefaults() (Options, error) {
+	if o.SocketDir == "" {
+		o.SocketDir = pluginapi.DevicePluginPath
+	}
+	if !filepath.IsAbs(o.SocketDir) {
+		return o, fmt.Errorf("bad socket directory, must be an absolute path: %q", o.SocketDir)
+	}
+	if o.CheckpointDir == "" {
+		o.CheckpointDir = o.SocketDir
+	}
+	if !filepath.IsAbs(o.CheckpointDir) {
+		return o, fmt.Errorf("bad checkpoint directory, must be an absolute path: %q", o.CheckpointDir)
+	}
+	// A unix socket path has room for 107 bytes; kubelet.sock must fit.
+	if n := len(filepath.Join(o.SocketDir, KubeletSocketName)); n > maxSocketPath {
+		return o, fmt.Errorf("socket directory %q too long: %s would be %d bytes, the limit is %d",
+			o.SocketDir, KubeletSocketName, n, maxSocketPath)
+	}
+	for _, n := range o.NUMANodes {
+		if n < 0 || n > 63 {
+			return o, fmt.Errorf("NUMA node %d out of range 0-63", n)
+		}
+	}
+	for _, p := range o.RequirePlugin {
+		if p == "" || strings.Contains(strings.TrimSuffix(p, "/*"), "*") {
+			return o, fmt.Errorf("bad RequirePlugin entry %q: want a resource name or domain/*", p)
+		}
+	}
+	if o.StopGracePeriod <= 0 {
+		o.StopGracePeriod = DefaultStopGracePeriod
+	}
+	if o.CallTimeout <= 0 {
+		o.CallTimeout = endpoint.DefaultCallTimeout
+	}
+	if o.PreStartTimeout <= 0 {
+		o.PreStartTimeout = endpoint.DefaultPreStartTimeout
+	}
+	if o.DialTimeout <= 0 {
+		o.DialTimeout = endpoint.DefaultDialTimeout
+	}
+	if o.MaxRecvMsgSize <= 0 {
+		o.MaxRecvMsgSize = endpoint.DefaultMaxRecvMsgSize
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
+	if o.Logger.GetSink() == nil {
+		o.Logger = klog.Background()
+	}
+	return o, nil
+}
+
+// maxSocketPath is the longest unix socket path Linux accepts (sun_path holds
+// 108 bytes including the terminating NUL).
+const maxSocketPath = 107
+
+func (o Options) endpointOptions() endpoint.Options {
+	return endpoint.Options{
+		CallTimeout:     o.CallTimeout,
+		PreStartTimeout: o.PreStartTimeout,
+		DialTimeout:     o.DialTimeout,
+		MaxRecvMsgSize:  o.MaxRecvMsgSize,
+		Clock:           o.Clock,
+	}
+}
+
+// requiresPlugin reports whether RequirePlugin names resource.
+func (o Options) requiresPlugin(resource string) bool {
+	for _, p := range o.RequirePlugin {
+		if domain, ok := strings.CutSuffix(p, "/*"); ok {
+			if d, _, found := strings.Cut(resource, "/"); found && d == domain {
+				return true
+			}
+		} else if p == resource {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,118 @@
+package devicemanager
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/openkubelet/devmgr/checkpoint"
+	"github.com/openkubelet/devmgr/endpoint"
+)
+
+// The checkpoint holds the ledger's records and the healthy device IDs of every
+// registered resource. It is written after a successful admission (before
+// Allocate returns), after a device update that changes the healthy set, and
+// after GetCapacity removes a resource; never on disconnect, garbage
+// collection or Stop. The same state always gives the same bytes, and a write
+// that would not change the file is skipped.
+
+// snapshotLocked returns the checkpoint of the current state. Expects m.mu held.
+func (m *ManagerImpl) snapshotLocked() *checkpoint.Data {
+	entries, err := m.ledger.ToCheckpoint()
+	if err != nil {
+		m.log.Error(err, "Some allocation records cannot be written to the checkpoint")
+	}
+	registered := make(map[string][]string, len(m.resources))
+	for name, r := range m.resources {
+		if r.registered {
+			registered[name] = r.sortedHealthy()
+		}
+	}
+	return checkpoint.New(entries, registered)
+}
+
+// persist makes sure the checkpoint on disk reflects at least generation gen
+// of the state. Concurrent callers share writes: whoever takes writeMu first
+// writes the newest state, and the others find their generation covered.
+// Neither a disk write nor encoding happens under m.mu.
+func (m *ManagerImpl) persist(gen uint64) error {
+	m.writeMu.Lock()
+	defer m.writeMu.Unlock()
+	if m.writtenGen >= gen {
+		return nil
+	}
+	m.mu.Lock()
+	data := m.snapshotLocked()
+	current := m.gen
+	m.mu.Unlock()
+
+	blob, err := data.MarshalCheckpoint()
+	if err != nil {
+		return fmt.Errorf("encode checkpoint: %w", err)
+	}
+	if bytes.Equal(blob, m.lastBlob) {
+		m.writtenGen = current
+		return nil
+	}
+	if err := m.store.CreateCheckpoint(checkpoint.DeviceManagerKey, encoded(blob)); err != nil {
+		// The file may or may not hold blob now; forget what it holds so the
+		// next write is not skipped.
+		m.lastBlob = nil
+		return err
+	}
+	m.log.V(4).Info("Wrote checkpoint", "bytes", len(blob), "checksum", data.Checksum())
+	m.writtenGen = current
+	m.lastBlob = blob
+	return nil
+}
+
+// encoded is an already encoded checkpoint, handed to the store as is.
+type encoded []byte
+
+func (e encoded) MarshalCheckpoint() ([]byte, error) { return e, nil }
+func (encoded) UnmarshalCheckpoint([]byte) error {
+	return errors.New("encoded checkpoint is write-only")
+}
+func (encoded) VerifyChecksum() error { return errors.New("encoded checkpoint is write-only") }
+
+// readCheckpoint restores the ledger and the registered resources from the
+// checkpoint. A missing file means a fresh node; a file that cannot be used is
+// moved aside for inspection and the manager starts empty.
+func (m *ManagerImpl) readCheckpoint() {
+	data := checkpoint.New(nil, nil)
+	err := m.store.GetCheckpoint(checkpoint.DeviceManagerKey, data)
+	switch {
+	case errors.Is(err, checkpoint.ErrNotFound):
+		m.log.V(2).Info("No checkpoint found; starting with no allocations", keyPath, m.checkpointPath())
+		return
+	case err != nil:
+		aside := fmt.Sprintf("%s.bad-%d", m.checkpointPath(), m.opts.Clock.Now().Unix())
+		if mvErr := os.Rename(m.checkpointPath(), aside); mvErr != nil {
+			m.log.Error(errors.Join(err, mvErr), "Continue after failing to read checkpoint file. Device allocation info may NOT be up-to-date",
+				keyPath, m.checkpointPath())
+			return
+		}
+		m.log.Error(err, "Continue after failing to read checkpoint file. Device allocation info may NOT be up-to-date; the file was moved aside",
+			keyPath, aside)
+		return
+	}
+	entries, registered := data.GetData()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.ledger.FromCheckpoint(entries); err != nil {
+		m.log.Error(err, "Some checkpoint entries could not be restored")
+	}
+	for name := range registered {
+		r := m.resourceLocked(name)
+		r.registered = true
+		r.primary = endpoint.NewStopped(name, m.opts.Clock)
+	}
+	m.log.V(2).Info("Restored allocations from checkpoint", keyCount, len(entries), "resources", len(registered),
+		"legacyFormat", data.Legacy())
+}
+
+func (m *ManagerImpl) checkpointPath() string {
+	return filepath.Join(m.opts.CheckpointDir, checkpoint.DeviceManagerKey)
+}

@@ -1,0 +1,273 @@
+package devicemanager
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/util/validation"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/openkubelet/devmgr/endpoint"
+)
+
+// supportedVersions are the device-plugin API versions the manager speaks.
+var supportedVersions = []string{pluginapi.Version}
+
+// registrationServer is the Registration gRPC service on kubelet.sock.
+type registrationServer struct {
+	pluginapi.UnimplementedRegistrationServer
+	m *ManagerImpl
+}
+
+// Register validates the request, dials the plugin back and starts following
+// its devices. The plugin must already serve its DevicePlugin service.
+// req.Options is ignored: options are always fetched from the plugin.
+func (s *registrationServer) Register(ctx context.Context, req *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
+	m := s.m
+	log := m.log.WithValues(keyResource, req.ResourceName)
+	log.V(2).Info("Got registration request from device plugin", keyVersion, req.Version, "endpoint", req.Endpoint)
+	if err := validateVersion(req.Version); err != nil {
+		log.Error(err, "Refused device plugin registration")
+		return &pluginapi.Empty{}, err
+	}
+	if err := validateResourceName(req.ResourceName); err != nil {
+		log.Error(err, "Refused device plugin registration")
+		return &pluginapi.Empty{}, err
+	}
+	path, err := m.endpointPath(req.Endpoint)
+	if err != nil {
+		log.Error(err, "Refused device plugin registration")
+		return &pluginapi.Empty{}, err
+	}
+	if err := m.connect(ctx, req.ResourceName, path); err != nil {
+		log.Error(err, "Failed to register device plugin", keySocket, path)
+		// Plain status Unknown, as the kubelet answers: the status of the
+		// dial-back (say DeadlineExceeded) is not the status of Register.
+		return &pluginapi.Empty{}, status.Error(codes.Unknown, err.Error())
+	}
+	return &pluginapi.Empty{}, nil
+}
+
+func validateVersion(v string) error {
+	if !slices.Contains(supportedVersions, v) {
+		return fmt.Errorf("requested API version %q is not supported by kubelet. Supported version is %q", v, supportedVersions)
+	}
+	return nil
+}
+
+// validateResourceName accepts extended resource names only, as the kubelet
+// does: domain/name, outside kubernetes.io, not "requests."-prefixed, and a
+// qualified name once prefixed with "requests.".
+func validateResourceName(name string) error {
+	if !isExtendedResourceName(name) {
+		return fmt.Errorf("the ResourceName %q is invalid", name)
+	}
+	return nil
+}
+
+func isExtendedResourceName(name string) bool {
+	if !strings.Contains(name, "/") || strings.Contains(name, "kubernetes.io/") ||
+		strings.HasPrefix(name, "requests.") {
+		return false
+	}
+	return len(validation.IsQualifiedName("requests."+name)) == 0
+}
+
+// endpointPath turns a registration's endpoint into the plugin's socket path.
+// The endpoint must be a bare file name: anything that could leave SocketDir
+// ("/", "..", ".", empty) or that no socket can be named (NUL) is refused, and
+// the path must fit in a unix socket address.
+func (m *ManagerImpl) endpointPath(ep string) (string, error) {
+	switch {
+	case ep == "", ep == ".", ep == "..":
+		return "", fmt.Errorf("invalid endpoint %q: must be a file name in %s", ep, m.opts.SocketDir)
+	case strings.ContainsAny(ep, "/\x00"):
+		return "", fmt.Errorf("invalid endpoint %q: must be a file name in %s, without '/' or NUL", ep, m.opts.SocketDir)
+	}
+	path := filepath.Join(m.opts.SocketDir, ep)
+	if len(path) > maxSocketPath {
+		return "", fmt.Errorf("invalid endpoint %q: socket path is %d bytes, the limit is %d", ep, len(path), maxSocketPath)
+	}
+	return path, nil
+}
+
+// connect dials the plugin instance at path and makes it the primary
+// endpoint of resource. An instance already connected on the same socket is
+// replaced (the plugin restarted); instances on other sockets stay. No lock is
+// held while dialling, so one slow plugin never delays another's registration.
+func (m *ManagerImpl) connect(ctx context.Context, resource, path string) error {
+	m.mu.Lock()
+	state := m.state
+	m.mu.Unlock()
+	if state != started {
+		return ErrStopped
+	}
+	ep, err := endpoint.Dial(ctx, resource, path, m.opts.endpointOptions())
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	if m.state != started {
+		m.mu.Unlock()
+		ep.Stop()
+		return ErrStopped
+	}
+	r := m.resourceLocked(resource)
+	old := r.instances[path]
+	m.connSeq++
+	r.instances[path] = &instance{ep: ep, seq: m.connSeq}
+	r.primary = ep
+	m.wg.Add(1)
+	m.mu.Unlock()
+
+	if old != nil {
+		m.log.V(2).Info("Device plugin re-registered on the same socket, replacing its old connection",
+			keyResource, resource, keySocket, path)
+		old.ep.Stop()
+	}
+	m.log.V(2).Info("Registered device plugin", keyResource, resource, keySocket, path,
+		"preStartRequired", ep.Options().GetPreStartRequired(),
+		"getPreferredAllocationAvailable", ep.Options().GetGetPreferredAllocationAvailable())
+	go m.follow(resource, ep)
+	return nil
+}
+
+// follow runs the ListAndWatch stream of one plugin instance until it ends,
+// then disconnects the instance. The plugin must register again to come back.
+func (m *ManagerImpl) follow(resource string, ep *endpoint.Endpoint) {
+	defer m.wg.Done()
+	err := ep.Run(m.ctx, func(msg *pluginapi.ListAndWatchResponse) {
+		m.onDevices(resource, ep, msg.GetDevices())
+	})
+	if err != nil {
+		m.log.Error(err, "ListAndWatch ended unexpectedly for device plugin", keyResource, resource, keySocket, ep.SocketPath())
+	}
+	m.disconnect(resource, ep)
+}
+
+// onDevices applies one ListAndWatch message: the device list of the resource
+// becomes exactly the message's. Owners of devices whose health changed are
+// notified, and the checkpoint is written if its content changed.
+func (m *ManagerImpl) onDevices(resource string, ep *endpoint.Endpoint, devs []*pluginapi.Device) {
+	m.mu.Lock()
+	r := m.resources[resource]
+	if r == nil || !r.current(ep) {
+		m.mu.Unlock()
+		return // a replaced or disconnected instance
+	}
+	changed, healthyChanged := r.setDevices(devs)
+	healthy := r.healthy.Len()
+	var owners []string
+	for _, id := range changed {
+		for _, ref := range m.ledger.Owners(resource, id) {
+			owners = append(owners, ref.PodUID)
+		}
+	}
+	gen := m.gen
+	if healthyChanged {
+		m.gen++
+		gen = m.gen
+	}
+	m.mu.Unlock()
+
+	m.log.V(2).Info("Device plugin reported devices", keyResource, resource, keySocket, ep.SocketPath(),
+		keyCount, len(devs), keyHealthy, healthy, "changed", len(changed))
+	if len(owners) > 0 {
+		m.updates.push(owners)
+	}
+	if healthyChanged {
+		if err := m.persist(gen); err != nil {
+			m.log.Error(err, "Failed to write checkpoint after a device update", keyResource, resource)
+		}
+	}
+}
+
+// disconnect removes a plugin instance whose stream ended. When it was the
+// last instance, the resource's devices become unhealthy and the stopped
+// endpoint stays primary, so the resource remains visible for the grace
+// period. The checkpoint is not written.
+func (m *ManagerImpl) disconnect(resource string, ep *endpoint.Endpoint) {
+	ep.Stop()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.resources[resource]
+	if r == nil || !r.current(ep) {
+		return // replaced by a newer registration on the same socket
+	}
+	delete(r.instances, ep.SocketPath())
+	if len(r.instances) == 0 {
+		r.markUnhealthy()
+		m.log.V(2).Info("Device plugin disconnected; its devices are unhealthy until it registers again",
+			keyResource, resource, keySocket, ep.SocketPath())
+		return
+	}
+	if r.primary == ep {
+		r.primary = newestInstance(r.instances)
+	}
+	m.log.V(2).Info("Device plugin instance disconnected", keyResource, resource, keySocket, ep.SocketPath(),
+		"primary", r.primary.SocketPath())
+}
+
+// newestInstance picks the instance registered last, so that promotion after
+// a disconnect is deterministic (the kubelet picks an arbitrary one).
+func newestInstance(instances map[string]*instance) *endpoint.Endpoint {
+	var best *instance
+	for _, in := range instances {
+		if best == nil || in.seq > best.seq {
+			best = in
+		}
+	}
+	return best.ep
+}
+
+// watcherHandler is the plugin-registry path of registration.
+type watcherHandler struct{ m *ManagerImpl }
+
+// GetWatcherHandler returns the handler a plugin-registry watcher calls for
+// plugins of type DevicePlugin.
+func (m *ManagerImpl) GetWatcherHandler() PluginHandler { return watcherHandler{m: m} }
+
+func (h watcherHandler) ValidatePlugin(pluginName, _ string, versions []string) error {
+	if !slices.ContainsFunc(versions, func(v string) bool { return slices.Contains(supportedVersions, v) }) {
+		return fmt.Errorf("manager version, %s, is not among plugin supported versions %v", pluginapi.Version, versions)
+	}
+	if err := validateResourceName(pluginName); err != nil {
+		return fmt.Errorf("invalid name of device plugin socket: %w", err)
+	}
+	return nil
+}
+
+func (h watcherHandler) RegisterPlugin(pluginName, endpointPath string, _ []string, timeout *time.Duration) error {
+	if !filepath.IsAbs(endpointPath) {
+		return fmt.Errorf("invalid endpoint %q: the plugin registry path needs an absolute socket path", endpointPath)
+	}
+	ctx := h.m.ctx
+	if timeout != nil && *timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, *timeout)
+		defer cancel()
+	}
+	return h.m.connect(ctx, pluginName, endpointPath)
+}
+
+func (h watcherHandler) DeRegisterPlugin(pluginName, endpointPath string) {
+	m := h.m
+	m.mu.Lock()
+	var in *instance
+	if r := m.resources[pluginName]; r != nil {
+		in = r.instances[endpointPath]
+	}
+	m.mu.Unlock()
+	if in == nil {
+		return
+	}
+	m.log.V(2).Info("Deregistering device plugin", keyResource, pluginName, keySocket, endpointPath)
+	// Stopping ends the stream; follow then disconnects the instance.
+	in.ep.Stop()
+}

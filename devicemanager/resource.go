@@ -1,0 +1,134 @@
+package devicemanager
+
+import (
+	"slices"
+
+	"k8s.io/apimachinery/pkg/util/sets"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/openkubelet/devmgr/endpoint"
+)
+
+// resourceState is everything the manager knows about one resource: its plugin
+// instances, its devices and their health. One record instead of the kubelet's
+// parallel maps.
+type resourceState struct {
+	name string
+	// instances are the connected plugin instances, by socket path.
+	instances map[string]*instance
+	// primary serves the allocation RPCs: the newest registration, or the
+	// last instance that was connected (then stopped). nil only for a record
+	// created by a registration whose first message has not come yet.
+	primary *endpoint.Endpoint
+	// registered: a plugin reported a device list, or the checkpoint named
+	// the resource. Only registered resources count as device-plugin
+	// resources and appear in capacity.
+	registered bool
+	// listed: some instance reported a device list (possibly empty).
+	listed bool
+	// devices is the last list any instance reported.
+	devices            map[string]*pluginapi.Device
+	healthy, unhealthy sets.Set[string]
+	// healthySorted caches the sorted healthy IDs for the checkpoint; nil when
+	// stale.
+	healthySorted []string
+}
+
+// instance is one connected plugin instance; seq orders registrations.
+type instance struct {
+	ep  *endpoint.Endpoint
+	seq uint64
+}
+
+// current reports whether ep is the connected instance on its socket.
+func (r *resourceState) current(ep *endpoint.Endpoint) bool {
+	in := r.instances[ep.SocketPath()]
+	return in != nil && in.ep == ep
+}
+
+func newResource(name string) *resourceState {
+	return &resourceState{
+		name:      name,
+		instances: map[string]*instance{},
+		devices:   map[string]*pluginapi.Device{},
+		healthy:   sets.New[string](),
+		unhealthy: sets.New[string](),
+	}
+}
+
+// resourceLocked returns the record of name, creating it. Expects m.mu held.
+func (m *ManagerImpl) resourceLocked(name string) *resourceState {
+	r := m.resources[name]
+	if r == nil {
+		r = newResource(name)
+		m.resources[name] = r
+	}
+	return r
+}
+
+// sortedHealthy returns the healthy IDs in order; the slice is shared and must
+// not be modified.
+func (r *resourceState) sortedHealthy() []string {
+	if r.healthySorted == nil {
+		r.healthySorted = sets.List(r.healthy)
+	}
+	return r.healthySorted
+}
+
+// setDevices replaces the device list with msg's and returns the IDs whose
+// health changed or that are new (the kubelet notifies their owners), and
+// whether the healthy set changed.
+func (r *resourceState) setDevices(devs []*pluginapi.Device) (changed []string, healthyChanged bool) {
+	old := r.devices
+	oldHealthy := r.healthy
+	r.devices = make(map[string]*pluginapi.Device, len(devs))
+	r.healthy = sets.New[string]()
+	r.unhealthy = sets.New[string]()
+	for _, d := range devs {
+		if d == nil {
+			continue
+		}
+		r.devices[d.ID] = d
+	}
+	for id, d := range r.devices {
+		if prev, ok := old[id]; !ok || prev.Health != d.Health {
+			changed = append(changed, id)
+		}
+		if d.Health == pluginapi.Healthy {
+			r.healthy.Insert(id)
+		} else {
+			r.unhealthy.Insert(id)
+		}
+	}
+	healthyChanged = !r.registered || !r.healthy.Equal(oldHealthy)
+	if healthyChanged {
+		r.healthySorted = nil
+	}
+	r.registered = true
+	r.listed = true
+	slices.Sort(changed)
+	return changed, healthyChanged
+}
+
+// markUnhealthy moves every healthy device to unhealthy: the plugin is gone,
+// its devices still count in capacity but not in allocatable.
+func (r *resourceState) markUnhealthy() {
+	if r.healthy.Len() == 0 {
+		return
+	}
+	r.unhealthy = r.unhealthy.Union(r.healthy)
+	r.healthy = sets.New[string]()
+	r.healthySorted = nil
+}
+
+// availableLocked returns the healthy devices of r that no record or
+// reservation holds. Expects m.mu held.
+func (m *ManagerImpl) availableLocked(r *resourceState) sets.Set[string] {
+	available := sets.New[string]()
+	for id := range r.healthy {
+		if !m.ledger.IsAllocated(r.name, id) {
+			available.Insert(id)
+		}
+	}
+	return available
+}
