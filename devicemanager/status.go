@@ -1,0 +1,99 @@
+package devicemanager
+
+import (
+	"slices"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/sets"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// ResourceStatus describes one resource for operators and tools: its devices
+// as last reported, its counts, and its plugin instances. Counts follow
+// GetCapacity: Capacity = all devices, Allocatable = healthy devices, Free =
+// healthy devices that no container holds or reserves.
+type ResourceStatus struct {
+	Name                   string
+	Capacity               int
+	Allocatable            int
+	Allocated              int
+	Free                   int
+	Devices                []DeviceStatus
+	Endpoints              []EndpointStatus
+	RestoredFromCheckpoint bool // known from the checkpoint; no plugin has reported yet
+}
+
+// DeviceStatus is one device of a ResourceStatus.
+type DeviceStatus struct {
+	ID        string
+	Health    string // as reported by the plugin; "Unhealthy" while the plugin is gone
+	NUMANodes []int64
+	Allocated bool
+}
+
+// EndpointStatus is one plugin instance of a resource.
+type EndpointStatus struct {
+	Resource                        string
+	Socket                          string
+	PreStartRequired                bool
+	GetPreferredAllocationAvailable bool
+	// Stopped: the instance's stream ended; the resource stays visible for
+	// the grace period.
+	Stopped bool
+}
+
+// Status returns every registered resource, sorted by name, with its devices
+// sorted by ID and its plugin instances sorted by socket. Safe before Start
+// and after Stop. It is an addition of devmgr; the kubelet has no equivalent.
+func (m *ManagerImpl) Status() []ResourceStatus {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]ResourceStatus, 0, len(m.resources))
+	for name, r := range m.resources {
+		if !r.registered {
+			continue
+		}
+		rs := ResourceStatus{
+			Name:                   name,
+			Capacity:               r.healthy.Len() + r.unhealthy.Len(),
+			Allocatable:            r.healthy.Len(),
+			Allocated:              m.ledger.AllocatedCount(name),
+			Free:                   m.availableLocked(r).Len(),
+			RestoredFromCheckpoint: !r.listed,
+		}
+		for _, id := range sets.List(sets.KeySet(r.devices)) {
+			d := r.devices[id]
+			health := d.GetHealth()
+			if !r.healthy.Has(id) && health == pluginapi.Healthy {
+				health = pluginapi.Unhealthy // the plugin is gone
+			}
+			ds := DeviceStatus{ID: id, Health: health, Allocated: m.ledger.IsAllocated(name, id)}
+			for _, n := range d.GetTopology().GetNodes() {
+				if n != nil {
+					ds.NUMANodes = append(ds.NUMANodes, n.ID)
+				}
+			}
+			rs.Devices = append(rs.Devices, ds)
+		}
+		for socket, in := range r.instances {
+			rs.Endpoints = append(rs.Endpoints, endpointStatus(name, socket, in.ep.Options(), in.ep.IsStopped()))
+		}
+		if p := r.primary; p != nil && !r.current(p) {
+			rs.Endpoints = append(rs.Endpoints, endpointStatus(name, p.SocketPath(), p.Options(), true))
+		}
+		slices.SortFunc(rs.Endpoints, func(a, b EndpointStatus) int { return strings.Compare(a.Socket, b.Socket) })
+		out = append(out, rs)
+	}
+	slices.SortFunc(out, func(a, b ResourceStatus) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+func endpointStatus(resource, socket string, o *pluginapi.DevicePluginOptions, stopped bool) EndpointStatus {
+	return EndpointStatus{
+		Resource:                        resource,
+		Socket:                          socket,
+		PreStartRequired:                o.GetPreStartRequired(),
+		GetPreferredAllocationAvailable: o.GetGetPreferredAllocationAvailable(),
+		Stopped:                         stopped,
+	}
+}
