@@ -120,9 +120,7 @@ func TestStartMovesCorruptCheckpointAside(t *testing.T) {
 	for _, fixture := range []string{"corrupt", "badjson", "legacy-v1"} {
 		t.Run(fixture, func(t *testing.T) {
 			h := newHarness(t)
-			blob, err := os.ReadFile(filepath.Join("../testdata/kubelet-checkpoints", fixture, checkpoint.DeviceManagerKey))
-			require.NoError(t, err)
-			require.NoError(t, os.WriteFile(filepath.Join(h.dir, checkpoint.DeviceManagerKey), blob, 0o600))
+			blob := h.installFixture(fixture)
 			h.start()
 			aside := filepath.Join(h.dir, checkpoint.DeviceManagerKey+".bad-"+itoa(h.clock.Now().Unix()))
 			moved, err := os.ReadFile(aside)
@@ -142,9 +140,7 @@ func TestStartRestoresKubeletCheckpoint(t *testing.T) {
 	for _, fixture := range []string{"sample", "legacy-v1-valid", "reformatted"} {
 		t.Run(fixture, func(t *testing.T) {
 			h := newHarness(t)
-			blob, err := os.ReadFile(filepath.Join("../testdata/kubelet-checkpoints", fixture, checkpoint.DeviceManagerKey))
-			require.NoError(t, err)
-			require.NoError(t, os.WriteFile(filepath.Join(h.dir, checkpoint.DeviceManagerKey), blob, 0o600))
+			h.installFixture(fixture)
 			h.start()
 			view := h.m.GetDevices("pod-uid-1", "ctr")
 			require.Contains(t, view, "example.com/dev")
@@ -201,3 +197,13 @@ func keysOf(m DeviceInstances) []string {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// installFixture copies a kubelet-written checkpoint fixture into the
+// harness directory and returns its bytes.
+func (h *harness) installFixture(name string) []byte {
+	h.t.Helper()
+	blob, err := os.ReadFile(filepath.Join("../testdata/kubelet-checkpoints", name, checkpoint.DeviceManagerKey))
+	require.NoError(h.t, err)
+	require.NoError(h.t, os.WriteFile(filepath.Join(h.dir, checkpoint.DeviceManagerKey), blob, 0o600))
+	return blob
+}
