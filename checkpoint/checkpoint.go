@@ -102,10 +102,10 @@ func (d *Data) Checksum() uint64 { return d.checksum }
 func (d *Data) MarshalCheckpoint() ([]byte, error) {
 	if d.legacy != nil {
 		d.checksum = legacyChecksumOf(d.legacy)
-		return json.Marshal(legacyWire{Data: *d.legacy, Checksum: d.checksum})
+		return encodeLegacyJSON(d.legacy, d.checksum), nil
 	}
 	d.checksum = checksumOf(&d.data)
-	return json.Marshal(wire{Data: d.data, Checksum: d.checksum})
+	return encodeJSON(&d.data, d.checksum), nil
 }
 
 // UnmarshalCheckpoint replaces the content of d with the decoded blob. It does

@@ -12,8 +12,9 @@
 // the Data object. That text contains Go type names such as
 // "checkpoint.PodDevicesEntry", which is why this package must be named
 // checkpoint and why its types keep the kubelet's names and field order. The
-// checksum is rendered here by hand, without reflection; tests and a fuzz target
-// prove it equal to go-spew's.
+// checksum text and the JSON are both written here by hand, without
+// reflection; tests and fuzz targets prove them equal to go-spew's and
+// encoding/json's.
 //
 // Data is the codec: New builds one from allocation records, MarshalCheckpoint
 // encodes exactly what it was given, in that order (ordering is the caller's
