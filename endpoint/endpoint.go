@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	"k8s.io/utils/clock"
@@ -116,7 +117,13 @@ func Dial(ctx context.Context, resource, path string, opts Options) (*Endpoint, 
 	defer cancel()
 	options, err := client.GetDevicePluginOptions(dctx, &pluginapi.Empty{}, grpc.WaitForReady(true))
 	if err != nil {
+		connected := conn.GetState() == connectivity.Ready
 		_ = conn.Close()
+		if !connected {
+			// Nothing answered on the socket within the deadline: the
+			// kubelet's blocking dial reports this as a dial failure.
+			return nil, fmt.Errorf("failed to dial device plugin: %w", err)
+		}
 		return nil, fmt.Errorf("failed to get device plugin options: %w", err)
 	}
 	if options == nil {

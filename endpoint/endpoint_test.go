@@ -307,7 +307,7 @@ func TestDialFailures(t *testing.T) {
 		{"regular file", regular, "is not a unix socket"},
 		{"directory", dir, "is not a unix socket"},
 		{"not a device plugin", other, "Unimplemented"},
-		{"nobody listening", stale, "failed to get device plugin options"},
+		{"nobody listening", stale, "failed to dial device plugin"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

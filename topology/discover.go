@@ -11,12 +11,15 @@ import (
 	"strings"
 )
 
-// nodeDir is where Linux lists NUMA nodes, relative to the sysfs root's parent.
-const nodeDir = "sys/devices/system/node"
+// nodeDirs are where Linux lists NUMA nodes: below a root file system that
+// has sysfs mounted at /sys, or below the sysfs mount itself.
+var nodeDirs = []string{"sys/devices/system/node", "devices/system/node"}
 
 // Discover returns the machine's NUMA node ids, ascending, read from the
-// directories <sysRoot>/sys/devices/system/node/node<N> ("/" on a real host;
-// "" means "/"; tests pass a fake tree).
+// directories <sysRoot>/sys/devices/system/node/node<N> (sysRoot "/" on a
+// real host; "" means "/"; tests pass a fake tree). A sysRoot that is the
+// sysfs mount itself ("/sys", <sysRoot>/devices/system/node) works too: the
+// first of the two layouts that exists is read.
 //
 // Only directories whose name is "node" followed by a canonical decimal
 // number count: "node0", "node12", not "node", "nodeX", "node-1", "node+1",
@@ -31,7 +34,12 @@ func Discover(sysRoot string) ([]int, error) {
 	if sysRoot == "" {
 		sysRoot = "/"
 	}
-	dir := filepath.Join(sysRoot, nodeDir)
+	dir := filepath.Join(sysRoot, nodeDirs[0])
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		if alt := filepath.Join(sysRoot, nodeDirs[1]); isDir(alt) {
+			dir = alt
+		}
+	}
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return []int{0}, nil
@@ -71,4 +79,9 @@ func parseNodeName(name string) (int, bool) {
 		return 0, false
 	}
 	return id, true
+}
+
+func isDir(path string) bool {
+	info, err := os.Stat(path)
+	return err == nil && info.IsDir()
 }

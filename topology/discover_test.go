@@ -33,6 +33,17 @@ func TestDiscover(t *testing.T) {
 	}
 }
 
+// sysRoot may also be the sysfs mount itself (/sys on a host).
+func TestDiscoverFromSysfsMount(t *testing.T) {
+	for tree, want := range map[string][]int{"two-nodes": {0, 1}, "sparse": {0, 2, 5}, "none": {0}} {
+		t.Run(tree, func(t *testing.T) {
+			got, err := Discover(filepath.Join("testdata", "sysfs", tree, "sys"))
+			require.NoError(t, err)
+			assert.Equal(t, want, got)
+		})
+	}
+}
+
 func TestDiscoverReadError(t *testing.T) {
 	tests := []struct {
 		name string
