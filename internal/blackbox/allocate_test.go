@@ -1,0 +1,550 @@
+package blackbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/openkubelet/devmgr/devicemanager"
+)
+
+func fourGPUs() []*pluginapi.Device {
+	return []*pluginapi.Device{healthy("d3"), healthy("d1"), healthy("d0"), healthy("d2")}
+}
+
+// SPEC 3.1-3.3 happy path; DESIGN difference 3 (sorted IDs in requests);
+// DESIGN: checkpoint written before Allocate returns.
+func TestAllocateBasic(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	pl := e.plugin(t, "p.sock", resGPU, nil, fourGPUs()...)
+
+	p1 := pod("u1", ctr("c", resGPU, 2, "cpu", 1))
+	require.NoError(t, e.allocate(p1, "c"))
+	calls := pl.allocateCalls()
+	require.Len(t, calls, 1)
+	require.Len(t, calls[0].ContainerRequests, 1)
+	got := calls[0].ContainerRequests[0].DevicesIds
+	assert.Len(t, got, 2)
+	assert.True(t, slices.IsSorted(got), "device IDs in Allocate request not sorted: %v", got)
+	assert.Equal(t, sortedCopy(got), ids(e.mgr, "u1", "c", resGPU))
+
+	entries, _ := readCheckpoint(t, e.dir)
+	require.Len(t, entries, 1, "checkpoint not written before Allocate returned")
+	assert.Equal(t, "u1", entries[0].PodUID)
+	assert.Equal(t, "c", entries[0].ContainerName)
+	assert.Equal(t, resGPU, entries[0].ResourceName)
+
+	// Capacity counts devices, not free ones.
+	e.waitCapacity(t, resGPU, 4, 4)
+
+	// Same container again: nothing to do, no RPC.
+	require.NoError(t, e.allocate(p1, "c"))
+	assert.Len(t, pl.allocateCalls(), 1)
+
+	p2 := pod("u2", ctr("c", resGPU, 2))
+	require.NoError(t, e.allocate(p2, "c"))
+	assert.Empty(t, sets.New(ids(e.mgr, "u1", "c", resGPU)...).Intersection(sets.New(ids(e.mgr, "u2", "c", resGPU)...)))
+
+	p3 := pod("u3", ctr("c", resGPU, 1))
+	err := e.allocate(p3, "c")
+	require.Error(t, err)
+	assert.ErrorIs(t, err, devicemanager.ErrInsufficientDevices)
+	assert.Contains(t, err.Error(), "requested number of devices unavailable for vendor.com/gpu. Requested: 1, Available: 0")
+	assert.Empty(t, e.mgr.GetDevices("u3", "c"))
+}
+
+// DESIGN "further rules": an extended resource nobody registered and that
+// holds no allocation is ignored, unless Options.RequirePlugin names it.
+func TestAllocateUnregisteredResource(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		require []string
+		wantErr bool
+	}{
+		{"ignored", nil, false},
+		{"required by name", []string{"example.com/foo"}, true},
+		{"required by domain", []string{"example.com/*"}, true},
+		{"other domain required", []string{"other.com/*", "example.com/bar"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, func(o *devicemanager.Options) { o.RequirePlugin = tc.require })
+			e.start(t)
+			e.plugin(t, "p.sock", resGPU, nil, healthy("d0"))
+			p := pod("u1", ctr("c", "example.com/foo", 1, "cpu", 2))
+			err := e.allocate(p, "c")
+			if !tc.wantErr {
+				assert.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			assert.ErrorIs(t, err, devicemanager.ErrUnregisteredResource)
+			assert.Contains(t, err.Error(), "cannot allocate unregistered device example.com/foo")
+		})
+	}
+}
+
+// SPEC 3.10: a resource that still holds allocations stays a device-plugin
+// resource after its plugin is gone and removed.
+func TestAllocateResourceGoneAfterGrace(t *testing.T) {
+	e := newEnv(t, func(o *devicemanager.Options) { o.StopGracePeriod = time.Minute })
+	e.start(t)
+	pl := e.plugin(t, "p.sock", resGPU, nil, healthy("d0"), healthy("d1"))
+	require.NoError(t, e.allocate(pod("u1", ctr("c", resGPU, 1)), "c"))
+	pl.stop()
+	e.waitCapacity(t, resGPU, 2, 0)
+	e.clock.Step(time.Minute + time.Second)
+	_, _, removed := e.mgr.GetCapacity()
+	require.Equal(t, []string{resGPU}, removed)
+
+	err := e.allocate(pod("u2", ctr("c", resGPU, 1)), "c")
+	require.Error(t, err)
+	assert.ErrorIs(t, err, devicemanager.ErrUnregisteredResource)
+	assert.Contains(t, err.Error(), "cannot allocate unregistered device vendor.com/gpu")
+}
+
+// SPEC 3.3 step 4, including the zero-quantity note.
+func TestAllocateNoHealthyDevices(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	pl := e.plugin(t, "p.sock", resGPU, nil, unhealthy("d0"), unhealthy("d1"))
+	for _, n := range []int{1, 0} {
+		err := e.allocate(pod(fmt.Sprintf("u%d", n), ctr("c", resGPU, n)), "c")
+		require.Error(t, err, "quantity %d", n)
+		assert.ErrorIs(t, err, devicemanager.ErrNoHealthyDevices)
+		assert.Contains(t, err.Error(), "no healthy devices present; cannot allocate unhealthy devices vendor.com/gpu")
+	}
+	// Zero quantity with healthy devices: no error, no RPC, no record.
+	pl.update(healthy("d0"))
+	e.waitCapacity(t, resGPU, 1, 1)
+	p := pod("z", ctr("c", resGPU, 0))
+	require.NoError(t, e.allocate(p, "c"))
+	assert.Empty(t, pl.allocateCalls())
+	assert.Empty(t, e.mgr.GetDevices("z", "c"))
+}
+
+// SPEC 3.3 step 1.
+func TestAllocateChangedRequest(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	pl := e.plugin(t, "p.sock", resGPU, nil, fourGPUs()...)
+	require.NoError(t, e.allocate(pod("u1", ctr("c", resGPU, 1)), "c"))
+	// Same pod UID and container, different request; checked even when no
+	// device is healthy (error order of SPEC 12.4).
+	pl.update(unhealthy("d0"), unhealthy("d1"), unhealthy("d2"), unhealthy("d3"))
+	e.waitCapacity(t, resGPU, 4, 0)
+	err := e.allocate(pod("u1", ctr("c", resGPU, 2)), "c")
+	require.Error(t, err)
+	assert.ErrorIs(t, err, devicemanager.ErrRequestChanged)
+	assert.Contains(t, err.Error(), `pod "u1" container "c" changed request for resource "vendor.com/gpu" from 1 to 2`)
+	assert.Len(t, ids(e.mgr, "u1", "c", resGPU), 1, "a failed re-admission dropped the earlier record")
+}
+
+// SPEC 3.3 step 5.
+func TestAllocatePreviouslyAllocatedUnhealthy(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	pl := e.plugin(t, "p.sock", resGPU, nil, healthy("d0"), healthy("d1"))
+	p := pod("u1", ctr("c", resGPU, 1))
+	require.NoError(t, e.allocate(p, "c"))
+	mine := ids(e.mgr, "u1", "c", resGPU)
+	require.Len(t, mine, 1)
+	other := "d0"
+	if mine[0] == "d0" {
+		other = "d1"
+	}
+	pl.update(unhealthy(mine[0]), healthy(other))
+	e.waitCapacity(t, resGPU, 2, 1)
+	err := e.allocate(p, "c")
+	require.Error(t, err)
+	assert.ErrorIs(t, err, devicemanager.ErrAllocatedDeviceUnhealthy)
+	assert.Contains(t, err.Error(), "previously allocated devices are no longer healthy; cannot allocate unhealthy devices vendor.com/gpu")
+
+	// Healthy again: the container passes with no new RPC (needed = 0).
+	pl.update(healthy(mine[0]), healthy(other))
+	e.waitCapacity(t, resGPU, 2, 2)
+	require.NoError(t, e.allocate(p, "c"))
+	assert.Len(t, pl.allocateCalls(), 1)
+}
+
+// SPEC 3.2 step 7 + DESIGN difference 1: a failed plugin call rolls back.
+func TestAllocatePluginErrorRollsBack(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	pl := e.plugin(t, "p.sock", resGPU, nil, fourGPUs()...)
+	pl.setAllocate(func(context.Context, *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+		return nil, status.Error(codes.Internal, "boom from plugin")
+	})
+	err := e.allocate(pod("u1", ctr("c", resGPU, 3)), "c")
+	require.Error(t, err)
+	assert.ErrorIs(t, err, devicemanager.ErrPluginCall)
+	assert.Contains(t, err.Error(), "boom from plugin")
+	assert.Equal(t, codes.Internal, status.Code(err), "the gRPC error is wrapped")
+	assert.Empty(t, e.mgr.GetDevices("u1", "c"))
+
+	pl.setAllocate(nil)
+	require.NoError(t, e.allocate(pod("u2", ctr("c", resGPU, 4)), "c"), "devices of the failed call were not freed")
+	entries, _ := readCheckpoint(t, e.dir)
+	for _, en := range entries {
+		assert.NotEqual(t, "u1", en.PodUID)
+	}
+}
+
+// SPEC 3.2 step 8: zero container responses is an error; DESIGN: all or nothing.
+func TestAllocateEmptyResponse(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	pl := e.plugin(t, "p.sock", resGPU, nil, healthy("d0"), healthy("d1"))
+	pl.setAllocate(func(context.Context, *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+		return &pluginapi.AllocateResponse{}, nil
+	})
+	err := e.allocate(pod("u1", ctr("c", resGPU, 2)), "c")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "no containers return in allocation response")
+	assert.Empty(t, e.mgr.GetDevices("u1", "c"))
+	pl.setAllocate(nil)
+	require.NoError(t, e.allocate(pod("u2", ctr("c", resGPU, 2)), "c"))
+}
+
+// DESIGN "further rules": admission of a container is all or nothing across
+// its resources, whichever resource fails and in whichever order.
+func TestAllocateAllOrNothing(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	gpu := e.plugin(t, "g.sock", resGPU, nil, healthy("g0"), healthy("g1"))
+	nic := e.plugin(t, "n.sock", resNIC, nil, healthy("n0"), healthy("n1"))
+
+	t.Run("insufficient", func(t *testing.T) {
+		for i := range 8 {
+			uid := fmt.Sprintf("bad%d", i)
+			err := e.allocate(pod(uid, ctr("c", resGPU, 1, resNIC, 3)), "c")
+			require.Error(t, err)
+			assert.ErrorIs(t, err, devicemanager.ErrInsufficientDevices)
+			assert.Empty(t, e.mgr.GetDevices(uid, "c"), "partial admission left records")
+		}
+	})
+	t.Run("plugin error", func(t *testing.T) {
+		nic.setAllocate(func(context.Context, *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+			return nil, errors.New("nic down")
+		})
+		for i := range 8 {
+			uid := fmt.Sprintf("err%d", i)
+			err := e.allocate(pod(uid, ctr("c", resGPU, 1, resNIC, 1)), "c")
+			require.Error(t, err)
+			assert.ErrorIs(t, err, devicemanager.ErrPluginCall)
+			assert.Empty(t, e.mgr.GetDevices(uid, "c"), "partial admission left records")
+		}
+		nic.setAllocate(nil)
+	})
+	entries, _ := readCheckpoint(t, e.dir)
+	for _, en := range entries {
+		assert.False(t, strings.HasPrefix(en.PodUID, "bad") || strings.HasPrefix(en.PodUID, "err"), "failed admission in checkpoint: %+v", en)
+	}
+	require.NoError(t, e.allocate(pod("ok", ctr("c", resGPU, 2, resNIC, 2)), "c"), "devices leaked by failed admissions")
+	assert.NotEmpty(t, gpu.allocateCalls())
+}
+
+// Options.CallTimeout bounds the plugin's Allocate; DESIGN difference 5.
+func TestAllocateCallTimeout(t *testing.T) {
+	e := newEnv(t, func(o *devicemanager.Options) { o.CallTimeout = 200 * time.Millisecond })
+	e.start(t)
+	pl := e.plugin(t, "p.sock", resGPU, nil, healthy("d0"))
+	pl.setAllocate(func(ctx context.Context, _ *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	done := make(chan error, 1)
+	go func() { done <- e.allocate(pod("u1", ctr("c", resGPU, 1)), "c") }()
+	var err error
+	require.Eventually(t, func() bool {
+		select {
+		case err = <-done:
+			return true
+		default:
+			return false
+		}
+	}, waitFor, tick, "Allocate did not honour CallTimeout")
+	require.Error(t, err)
+	assert.ErrorIs(t, err, devicemanager.ErrPluginCall)
+	assert.Equal(t, codes.DeadlineExceeded, status.Code(err))
+	pl.setAllocate(nil)
+	require.NoError(t, e.allocate(pod("u2", ctr("c", resGPU, 1)), "c"))
+}
+
+// DESIGN data flow 3 + difference 5: the lock is dropped for the plugin's
+// Allocate: a hung plugin stalls only its own resource, and a pending
+// reservation is not handed to anyone else.
+func TestHungPluginStallsOnlyItsResource(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	gpu := e.plugin(t, "g.sock", resGPU, nil, healthy("g0"), healthy("g1"))
+	e.plugin(t, "n.sock", resNIC, nil, healthy("n0"))
+	release := make(chan struct{})
+	first := true
+	gpu.setAllocate(func(ctx context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+		gpu.mu.Lock()
+		block := first
+		first = false
+		gpu.mu.Unlock()
+		if block {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		return &pluginapi.AllocateResponse{ContainerResponses: []*pluginapi.ContainerAllocateResponse{{}}}, nil
+	})
+	released := false
+	defer func() {
+		if !released {
+			close(release)
+		}
+	}()
+
+	p1 := pod("u1", ctr("c", resGPU, 1))
+	p2 := pod("u2", ctr("c", resNIC, 1))
+	p3 := pod("u3", ctr("c", resGPU, 1))
+	e.pods.set(p1, p2, p3)
+	hung := make(chan error, 1)
+	go func() { hung <- e.mgr.Allocate(context.Background(), p1, &p1.Spec.Containers[0]) }()
+	require.Eventually(t, func() bool { return len(gpu.allocateCalls()) == 1 }, waitFor, tick)
+
+	others := make(chan error, 2)
+	go func() {
+		others <- e.mgr.Allocate(context.Background(), p2, &p2.Spec.Containers[0])
+		_, _, _ = e.mgr.GetCapacity()
+		others <- e.mgr.Allocate(context.Background(), p3, &p3.Spec.Containers[0])
+	}()
+	for range 2 {
+		select {
+		case err := <-others:
+			require.NoError(t, err)
+		case <-time.After(waitFor):
+			t.Fatal("a hung plugin Allocate blocked other admissions")
+		}
+	}
+	close(release)
+	released = true
+	require.NoError(t, <-hung)
+	a, b := ids(e.mgr, "u1", "c", resGPU), ids(e.mgr, "u3", "c", resGPU)
+	require.Len(t, a, 1)
+	require.Len(t, b, 1)
+	assert.NotEqual(t, a, b, "the pending reservation was handed out twice")
+}
+
+// SPEC 3.1 + 10.2 TestInitContainerDeviceAllocation.
+func TestInitContainerReuse(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	e.plugin(t, "g.sock", resGPU, nil, healthy("a"), healthy("b"), healthy("c"), healthy("d"))
+	e.plugin(t, "n.sock", resNIC, nil, healthy("n0"), healthy("n1"))
+	p := pod("u1", ctr("app1", resGPU, 1, resNIC, 1), ctr("app2", resGPU, 1, resNIC, 1))
+	p.Spec.InitContainers = []v1.Container{ctr("init1", resGPU, 1), ctr("init2", resGPU, 2)}
+	for _, c := range []string{"init1", "init2", "app1", "app2"} {
+		require.NoError(t, e.allocate(p, c), c)
+	}
+	init1 := sets.New(ids(e.mgr, "u1", "init1", resGPU)...)
+	init2 := sets.New(ids(e.mgr, "u1", "init2", resGPU)...)
+	app1 := sets.New(ids(e.mgr, "u1", "app1", resGPU)...)
+	app2 := sets.New(ids(e.mgr, "u1", "app2", resGPU)...)
+	assert.Equal(t, 1, init1.Len())
+	assert.Equal(t, 2, init2.Len())
+	assert.Equal(t, 1, app1.Len())
+	assert.Equal(t, 1, app2.Len())
+	assert.True(t, init2.IsSuperset(init1))
+	assert.True(t, init2.IsSuperset(app1))
+	assert.True(t, init2.IsSuperset(app2))
+	assert.Empty(t, app1.Intersection(app2))
+	// Only two gpus are used; another pod gets the other two.
+	require.NoError(t, e.allocate(pod("u2", ctr("c", resGPU, 2)), "c"))
+}
+
+// SPEC 3.1 + 10.2 TestRestartableInitContainerDeviceAllocation.
+func TestSidecarReuse(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	var devs []*pluginapi.Device
+	for i := range 6 {
+		devs = append(devs, healthy(fmt.Sprintf("d%d", i)))
+	}
+	e.plugin(t, "g.sock", resGPU, nil, devs...)
+	p := pod("u1", ctr("app1", resGPU, 1), ctr("app2", resGPU, 2))
+	p.Spec.InitContainers = []v1.Container{ctr("init", resGPU, 3), sidecar(ctr("sideA", resGPU, 1)), sidecar(ctr("sideB", resGPU, 2))}
+	for _, c := range []string{"init", "sideA", "sideB", "app1", "app2"} {
+		require.NoError(t, e.allocate(p, c), c)
+	}
+	get := func(c string) sets.Set[string] { return sets.New(ids(e.mgr, "u1", c, resGPU)...) }
+	initS, a, b, x, y := get("init"), get("sideA"), get("sideB"), get("app1"), get("app2")
+	assert.Equal(t, []int{3, 1, 2, 1, 2}, []int{initS.Len(), a.Len(), b.Len(), x.Len(), y.Len()})
+	assert.True(t, initS.IsSuperset(a))
+	assert.True(t, initS.IsSuperset(b))
+	all := []sets.Set[string]{a, b, x, y}
+	for i := range all {
+		for j := i + 1; j < len(all); j++ {
+			assert.Empty(t, all[i].Intersection(all[j]), "containers %d and %d share devices", i, j)
+		}
+	}
+}
+
+// SPEC 3.3 step 7 / 3.6 and 10.4 TestGetPreferredAllocationParameters.
+func TestGetPreferredAllocationParameters(t *testing.T) {
+	prefOpts := &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: true}
+
+	t.Run("fresh request", func(t *testing.T) {
+		e := newEnv(t, nil)
+		e.start(t)
+		pl := e.plugin(t, "p.sock", resGPU, prefOpts, fourGPUs()...)
+		pl.setPreferred(func(context.Context, *pluginapi.ContainerPreferredAllocationRequest) ([]string, error) {
+			return []string{"d2"}, nil
+		})
+		require.NoError(t, e.allocate(pod("u1", ctr("c", resGPU, 1)), "c"))
+		calls := pl.preferredCalls()
+		require.Len(t, calls, 1)
+		require.Len(t, calls[0].ContainerRequests, 1)
+		r := calls[0].ContainerRequests[0]
+		assert.Equal(t, []string{"d0", "d1", "d2", "d3"}, r.AvailableDeviceIDs, "available (sorted)")
+		assert.Empty(t, r.MustIncludeDeviceIDs)
+		assert.Equal(t, int32(1), r.AllocationSize)
+		assert.Equal(t, []string{"d2"}, ids(e.mgr, "u1", "c", resGPU), "preference not honoured")
+	})
+
+	t.Run("bogus and short preferences", func(t *testing.T) {
+		e := newEnv(t, nil)
+		e.start(t)
+		pl := e.plugin(t, "p.sock", resGPU, prefOpts, fourGPUs()...)
+		pl.setPreferred(func(context.Context, *pluginapi.ContainerPreferredAllocationRequest) ([]string, error) {
+			return []string{"bogus", "d3"}, nil
+		})
+		require.NoError(t, e.allocate(pod("u1", ctr("c", resGPU, 3)), "c"))
+		got := ids(e.mgr, "u1", "c", resGPU)
+		assert.Len(t, got, 3)
+		assert.Contains(t, got, "d3")
+		assert.NotContains(t, got, "bogus")
+	})
+
+	// Unlike the kubelet (SPEC 3.6), a failing GetPreferredAllocation is
+	// logged and means "no preference" (issue 4; NVIDIA k8s-device-plugin
+	// #231: one broken card failed every pod on the node).
+	t.Run("preferred rpc error", func(t *testing.T) {
+		e := newEnv(t, nil)
+		e.start(t)
+		pl := e.plugin(t, "p.sock", resGPU, prefOpts, fourGPUs()...)
+		pl.setPreferred(func(context.Context, *pluginapi.ContainerPreferredAllocationRequest) ([]string, error) {
+			return nil, errors.New("no preference today")
+		})
+		require.NoError(t, e.allocate(pod("u1", ctr("c", resGPU, 1)), "c"))
+		assert.Len(t, pl.preferredCalls(), 1)
+		assert.Len(t, pl.allocateCalls(), 1)
+		assert.Len(t, ids(e.mgr, "u1", "c", resGPU), 1)
+		pl.setPreferred(nil)
+		require.NoError(t, e.allocate(pod("u2", ctr("c", resGPU, 3)), "c"), "the other three are free")
+	})
+
+	t.Run("with reuse pool", func(t *testing.T) {
+		e := newEnv(t, nil)
+		e.start(t)
+		pl := e.plugin(t, "p.sock", resGPU, prefOpts, fourGPUs()...)
+		p := pod("u1", ctr("app", resGPU, 3))
+		p.Spec.InitContainers = []v1.Container{ctr("init", resGPU, 2)}
+		require.NoError(t, e.allocate(p, "init"))
+		initIDs := ids(e.mgr, "u1", "init", resGPU)
+		require.NoError(t, e.allocate(p, "app"))
+		calls := pl.preferredCalls()
+		require.Len(t, calls, 2)
+		r := calls[1].ContainerRequests[0]
+		assert.Equal(t, []string{"d0", "d1", "d2", "d3"}, r.AvailableDeviceIDs)
+		assert.Equal(t, initIDs, r.MustIncludeDeviceIDs)
+		assert.Equal(t, int32(3), r.AllocationSize, "size is the full request")
+		assert.True(t, sets.New(ids(e.mgr, "u1", "app", resGPU)...).IsSuperset(sets.New(initIDs...)))
+	})
+}
+
+// fixedAffinity is an AffinityStore giving every container the same hint.
+type fixedAffinity struct{ nodes []int }
+
+func (f fixedAffinity) GetAffinity(string, string) topologyHint {
+	return hintOf(true, f.nodes...)
+}
+
+// SPEC 3.3 step 7d/7e and 3.5 with an AffinityStore.
+func TestAlignedAllocation(t *testing.T) {
+	devs := []*pluginapi.Device{
+		healthy("n0a", 0), healthy("n0b", 0), healthy("n0c", 0),
+		healthy("n1a", 1), healthy("n1b", 1), healthy("none"),
+	}
+	prefOpts := &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: true}
+	setup := func(t *testing.T, nodes ...int) (*env, *fakePlugin) {
+		e := newEnv(t, func(o *devicemanager.Options) {
+			o.NUMANodes = []int{0, 1}
+			o.AffinityStore = fixedAffinity{nodes: nodes}
+		})
+		e.start(t)
+		return e, e.plugin(t, "p.sock", resGPU, prefOpts, devs...)
+	}
+
+	t.Run("needed < aligned: plugin asked among aligned", func(t *testing.T) {
+		e, pl := setup(t, 0)
+		pl.setPreferred(func(context.Context, *pluginapi.ContainerPreferredAllocationRequest) ([]string, error) {
+			return []string{"n1a", "n0c"}, nil
+		})
+		require.NoError(t, e.allocate(pod("u1", ctr("c", resGPU, 2)), "c"))
+		got := ids(e.mgr, "u1", "c", resGPU)
+		assert.Len(t, got, 2)
+		assert.Contains(t, got, "n0c")
+		assert.Subset(t, []string{"n0a", "n0b", "n0c"}, got)
+		calls := pl.preferredCalls()
+		require.Len(t, calls, 1)
+		r := calls[0].ContainerRequests[0]
+		assert.Equal(t, []string{"n0a", "n0b", "n0c"}, r.AvailableDeviceIDs)
+		assert.Empty(t, r.MustIncludeDeviceIDs)
+		assert.Equal(t, int32(2), r.AllocationSize)
+	})
+	t.Run("needed == aligned: plugin not asked", func(t *testing.T) {
+		e, pl := setup(t, 1)
+		require.NoError(t, e.allocate(pod("u1", ctr("c", resGPU, 2)), "c"))
+		assert.Equal(t, []string{"n1a", "n1b"}, ids(e.mgr, "u1", "c", resGPU))
+		assert.Empty(t, pl.preferredCalls())
+	})
+	t.Run("needed > aligned: aligned first, then the plugin", func(t *testing.T) {
+		e, pl := setup(t, 1)
+		pl.setPreferred(func(context.Context, *pluginapi.ContainerPreferredAllocationRequest) ([]string, error) {
+			return []string{"n1a", "n1b", "none"}, nil
+		})
+		require.NoError(t, e.allocate(pod("u1", ctr("c", resGPU, 3)), "c"))
+		assert.Equal(t, []string{"n1a", "n1b", "none"}, ids(e.mgr, "u1", "c", resGPU))
+		calls := pl.preferredCalls()
+		require.Len(t, calls, 1)
+		r := calls[0].ContainerRequests[0]
+		assert.Equal(t, []string{"n0a", "n0b", "n0c", "n1a", "n1b", "none"}, r.AvailableDeviceIDs)
+		assert.Equal(t, []string{"n1a", "n1b"}, r.MustIncludeDeviceIDs)
+		assert.Equal(t, int32(3), r.AllocationSize)
+	})
+	t.Run("no plugin preference: unaligned before no-topology", func(t *testing.T) {
+		e, _ := setup(t, 1)
+		require.NoError(t, e.allocate(pod("u1", ctr("c", resGPU, 5)), "c"))
+		got := ids(e.mgr, "u1", "c", resGPU)
+		assert.Equal(t, []string{"n0a", "n0b", "n0c", "n1a", "n1b"}, got)
+	})
+	t.Run("numa map recorded", func(t *testing.T) {
+		e, _ := setup(t, 1)
+		require.NoError(t, e.allocate(pod("u1", ctr("c", resGPU, 6)), "c"))
+		got := e.mgr.GetDevices("u1", "c")[resGPU]
+		require.Len(t, got, 6)
+		assert.Nil(t, got["none"].GetTopology(), "a device without topology is reported with nil topology")
+		require.NotNil(t, got["n1a"].GetTopology())
+		assert.Equal(t, int64(1), got["n1a"].Topology.Nodes[0].ID)
+	})
+}

@@ -1,0 +1,471 @@
+package blackbox_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/openkubelet/devmgr/checkpoint"
+	"github.com/openkubelet/devmgr/devicemanager"
+	"github.com/openkubelet/devmgr/podstate"
+)
+
+const fixtures = "../../testdata/kubelet-checkpoints"
+
+// SPEC 11 worked example.
+var sampleBytes = `{"Data":{"PodDeviceEntries":[{"PodUID":"pod-uid-1","ContainerName":"ctr","ResourceName":"example.com/dev","DeviceIDs":{"0":["dev-0","dev-1"]},"AllocResp":"CgYKAUESATE="}],"RegisteredDevices":{"example.com/dev":["dev-0","dev-1","dev-2"]}},"Checksum":648430460}`
+
+func sampleEntry() checkpoint.PodDevicesEntry {
+	return checkpoint.PodDevicesEntry{
+		PodUID: "pod-uid-1", ContainerName: "ctr", ResourceName: "example.com/dev",
+		DeviceIDs: checkpoint.DevicesPerNUMA{0: {"dev-0", "dev-1"}},
+		AllocResp: []byte{0x0a, 0x06, 0x0a, 0x01, 0x41, 0x12, 0x01, 0x31},
+	}
+}
+
+func TestCheckpointWorkedExample(t *testing.T) {
+	cp := checkpoint.New([]checkpoint.PodDevicesEntry{sampleEntry()}, map[string][]string{"example.com/dev": {"dev-0", "dev-1", "dev-2"}})
+	b, err := cp.MarshalCheckpoint()
+	require.NoError(t, err)
+	assert.Equal(t, sampleBytes, string(b))
+	sum := sha256.Sum256(b)
+	assert.Equal(t, "58d17cafba4c0a3a446935a6017c1358772c2e3524a18db82b25574d80dfe8da", hex.EncodeToString(sum[:]))
+	require.NoError(t, cp.VerifyChecksum())
+
+	var resp pluginapi.ContainerAllocateResponse
+	require.NoError(t, proto.Unmarshal(sampleEntry().AllocResp, &resp))
+	assert.Equal(t, map[string]string{"A": "1"}, resp.Envs)
+}
+
+// SPEC 6.3 reference checksums; nil vs empty matters.
+func TestCheckpointReferenceChecksums(t *testing.T) {
+	cases := []struct {
+		name    string
+		entries []checkpoint.PodDevicesEntry
+		reg     map[string][]string
+		want    uint64
+	}{
+		{"null entries, empty registered", nil, map[string][]string{}, 3467439661},
+		{"empty entries", []checkpoint.PodDevicesEntry{}, map[string][]string{}, 2932075448},
+		{"empty id list", nil, map[string][]string{"example.com/dev": {}}, 4190085820},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := checkpoint.New(tc.entries, tc.reg).MarshalCheckpoint()
+			require.NoError(t, err)
+			var out struct{ Checksum uint64 }
+			require.NoError(t, json.Unmarshal(b, &out))
+			assert.Equal(t, tc.want, out.Checksum)
+		})
+	}
+	b, err := checkpoint.New(nil, map[string][]string{}).MarshalCheckpoint()
+	require.NoError(t, err)
+	assert.Equal(t, string(readFile(t, filepath.Join(fixtures, "empty", checkpoint.DeviceManagerKey))), string(b))
+}
+
+// copyFixture copies one fixture into a fresh directory.
+func copyFixture(t *testing.T, name string) string {
+	t.Helper()
+	dir := tempDir(t)
+	b := readFile(t, filepath.Join(fixtures, name, checkpoint.DeviceManagerKey))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, checkpoint.DeviceManagerKey), b, 0o600))
+	return dir
+}
+
+// Kubelet-written fixtures decode and re-encode byte for byte.
+func TestKubeletFixturesRoundTrip(t *testing.T) {
+	for _, tc := range []struct{ name, want string }{
+		{"sample", "sample"}, {"empty", "empty"}, {"reformatted", "sample"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := copyFixture(t, tc.name)
+			cm, err := checkpoint.NewManager(dir)
+			require.NoError(t, err)
+			cp := checkpoint.New(nil, nil)
+			require.NoError(t, cm.GetCheckpoint(checkpoint.DeviceManagerKey, cp))
+			require.NoError(t, cp.VerifyChecksum())
+			want := readFile(t, filepath.Join(fixtures, tc.want, checkpoint.DeviceManagerKey))
+
+			entries, reg := cp.GetData()
+			b, err := checkpoint.New(entries, reg).MarshalCheckpoint()
+			require.NoError(t, err)
+			assert.Equal(t, string(want), string(b))
+			b, err = cp.MarshalCheckpoint()
+			require.NoError(t, err)
+			assert.Equal(t, string(want), string(b))
+
+			out := tempDir(t)
+			cm2, err := checkpoint.NewManager(out)
+			require.NoError(t, err)
+			require.NoError(t, cm2.CreateCheckpoint(checkpoint.DeviceManagerKey, checkpoint.New(entries, reg)))
+			assert.Equal(t, string(want), string(readFile(t, filepath.Join(out, checkpoint.DeviceManagerKey))))
+			st, err := os.Stat(filepath.Join(out, checkpoint.DeviceManagerKey))
+			require.NoError(t, err)
+			assert.Equal(t, os.FileMode(0o600), st.Mode().Perm())
+			names, err := cm2.ListCheckpoints()
+			require.NoError(t, err)
+			assert.Equal(t, []string{checkpoint.DeviceManagerKey}, names)
+			des, err := os.ReadDir(out)
+			require.NoError(t, err)
+			assert.Len(t, des, 1, "temp files left behind")
+
+			if tc.want == "sample" {
+				assert.Equal(t, []checkpoint.PodDevicesEntry{sampleEntry()}, entries)
+				assert.Equal(t, map[string][]string{"example.com/dev": {"dev-0", "dev-1", "dev-2"}}, reg)
+			} else {
+				assert.Empty(t, entries)
+				assert.Equal(t, map[string][]string{}, reg)
+			}
+		})
+	}
+}
+
+func TestCheckpointErrors(t *testing.T) {
+	t.Run("corrupt", func(t *testing.T) {
+		cm, err := checkpoint.NewManager(copyFixture(t, "corrupt"))
+		require.NoError(t, err)
+		err = cm.GetCheckpoint(checkpoint.DeviceManagerKey, checkpoint.New(nil, nil))
+		require.Error(t, err)
+		assert.ErrorIs(t, err, &checkpoint.CorruptError{})
+		assert.ErrorIs(t, err, &checkpoint.CorruptError{ActualCS: 1, ExpectedCS: 2}, "Is matches any CorruptError")
+		var ce *checkpoint.CorruptError
+		require.ErrorAs(t, err, &ce)
+		assert.Equal(t, uint64(648430460), ce.ActualCS)
+		assert.Equal(t, uint64(648430461), ce.ExpectedCS)
+		assert.Contains(t, err.Error(), "checkpoint is corrupted")
+		assert.NotErrorIs(t, err, checkpoint.ErrNotFound)
+	})
+	t.Run("badjson", func(t *testing.T) {
+		cm, err := checkpoint.NewManager(copyFixture(t, "badjson"))
+		require.NoError(t, err)
+		err = cm.GetCheckpoint(checkpoint.DeviceManagerKey, checkpoint.New(nil, nil))
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "unexpected end of JSON input")
+		assert.NotErrorIs(t, err, &checkpoint.CorruptError{})
+		assert.NotErrorIs(t, err, checkpoint.ErrNotFound)
+	})
+	t.Run("legacy-v1", func(t *testing.T) {
+		cm, err := checkpoint.NewManager(copyFixture(t, "legacy-v1"))
+		require.NoError(t, err)
+		err = cm.GetCheckpoint(checkpoint.DeviceManagerKey, checkpoint.New(nil, nil))
+		require.Error(t, err)
+		assert.NotErrorIs(t, err, checkpoint.ErrNotFound)
+	})
+	t.Run("not found", func(t *testing.T) {
+		cm, err := checkpoint.NewManager(tempDir(t))
+		require.NoError(t, err)
+		err = cm.GetCheckpoint(checkpoint.DeviceManagerKey, checkpoint.New(nil, nil))
+		require.Error(t, err)
+		assert.ErrorIs(t, err, checkpoint.ErrNotFound)
+		assert.Equal(t, "checkpoint is not found", checkpoint.ErrNotFound.Error())
+		assert.NoError(t, cm.RemoveCheckpoint(checkpoint.DeviceManagerKey), "removing a missing key")
+	})
+	t.Run("tampered data", func(t *testing.T) {
+		var cp checkpoint.Checkpoint = checkpoint.New(nil, nil)
+		require.NoError(t, cp.UnmarshalCheckpoint([]byte(sampleBytes)))
+		require.NoError(t, cp.VerifyChecksum())
+		tampered := []byte(strings.Replace(sampleBytes, "dev-2", "dev-3", 1))
+		require.NoError(t, cp.UnmarshalCheckpoint(tampered))
+		assert.ErrorIs(t, cp.VerifyChecksum(), &checkpoint.CorruptError{})
+	})
+}
+
+// SPEC 6.1/6.5 and 10.6: key validation, list, remove.
+func TestCheckpointStoreKeys(t *testing.T) {
+	dir := tempDir(t)
+	cm, err := checkpoint.NewManager(dir)
+	require.NoError(t, err)
+	cp := checkpoint.New(nil, map[string][]string{})
+	for _, bad := range []string{"/id1", ".id1", "   ", "___", "a7.87-677-", "a/b"} {
+		assert.Error(t, cm.CreateCheckpoint(bad, cp), "key %q accepted", bad)
+	}
+	for _, good := range []string{"id1", "id2", "a7.87-6_8"} {
+		require.NoError(t, cm.CreateCheckpoint(good, cp), good)
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(dir, ".tmp123"), nil, 0o600))
+	names, err := cm.ListCheckpoints()
+	require.NoError(t, err)
+	sort.Strings(names)
+	assert.Equal(t, []string{"a7.87-6_8", "id1", "id2"}, names)
+	require.NoError(t, cm.RemoveCheckpoint("id1"))
+	require.NoError(t, cm.RemoveCheckpoint("id1"))
+	assert.ErrorIs(t, cm.GetCheckpoint("id1", checkpoint.New(nil, nil)), checkpoint.ErrNotFound)
+}
+
+// DESIGN "further rules" + difference 3: what the manager writes after an
+// admission: entries sorted by (pod, container, resource), IDs sorted,
+// RegisteredDevices = healthy IDs, deterministic protobuf, NUMA keys.
+func TestCheckpointContentAfterAdmission(t *testing.T) {
+	e := newEnv(t, func(o *devicemanager.Options) { o.NUMANodes = []int{0, 1} })
+	e.start(t)
+	gpu := e.plugin(t, "g.sock", resGPU, nil,
+		healthy("g1", 1), healthy("g0", 0), healthy("g3", 0, 1), healthy("g2"), unhealthy("g4", 0))
+	e.plugin(t, "n.sock", resNIC, nil, healthy("n1"), healthy("n0"))
+	manyEnvs := &pluginapi.ContainerAllocateResponse{
+		Envs:        map[string]string{"Z": "1", "A": "2", "M": "3", "B": "4", "Y": "5"},
+		Annotations: map[string]string{"k2": "v", "k1": "v", "k3": "v"},
+	}
+	gpu.setAllocate(fixedResponse(manyEnvs))
+
+	u3 := pod("u3", ctr("b", resGPU, 1))
+	u1 := pod("u1", ctr("z", resGPU, 1, resNIC, 1), ctr("a", resNIC, 1))
+	u2 := pod("u2", ctr("c", resGPU, 2))
+	type admission struct {
+		p *v1.Pod
+		c string
+	}
+	admit := []admission{{u3, "b"}, {u1, "z"}, {u2, "c"}, {u1, "a"}}
+	for _, a := range admit {
+		require.NoError(t, e.allocate(a.p, a.c))
+	}
+
+	ckPath := filepath.Join(e.dir, checkpoint.DeviceManagerKey)
+	st, err := os.Stat(ckPath)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm())
+
+	entries, reg := readCheckpoint(t, e.dir)
+	var order [][3]string
+	for _, en := range entries {
+		order = append(order, [3]string{en.PodUID, en.ContainerName, en.ResourceName})
+	}
+	assert.Equal(t, [][3]string{
+		{"u1", "a", resNIC}, {"u1", "z", resGPU}, {"u1", "z", resNIC}, {"u2", "c", resGPU}, {"u3", "b", resGPU},
+	}, order, "entries not sorted by (pod, container, resource)")
+
+	assert.Equal(t, map[string][]string{resGPU: {"g0", "g1", "g2", "g3"}, resNIC: {"n0", "n1"}}, reg,
+		"RegisteredDevices must be the sorted healthy IDs")
+
+	wantResp, err := proto.MarshalOptions{Deterministic: true}.Marshal(manyEnvs)
+	require.NoError(t, err)
+	for _, en := range entries {
+		for numa, list := range en.DeviceIDs {
+			assert.True(t, slices.IsSorted(list), "IDs under NUMA %d not sorted: %v", numa, list)
+		}
+		// NUMA keys match the devices' topology.
+		held := e.mgr.GetDevices(en.PodUID, en.ContainerName)[en.ResourceName]
+		all := sets.New[string]()
+		for numa, list := range en.DeviceIDs {
+			for _, id := range list {
+				all.Insert(id)
+				want := deviceNUMA(id)
+				if numa == -1 {
+					assert.Empty(t, want, "%s under -1", id)
+				} else {
+					assert.Contains(t, want, numa, "%s under %d", id, numa)
+				}
+			}
+		}
+		assert.Equal(t, sets.KeySet(held), all)
+		if en.ResourceName == resGPU {
+			assert.Equal(t, wantResp, en.AllocResp, "AllocResp not deterministic protobuf")
+			for id := range all {
+				assert.Len(t, idsUnder(en.DeviceIDs, id), len(deviceNUMA(id))+boolInt(len(deviceNUMA(id)) == 0), "%s keys", id)
+			}
+		} else {
+			var r pluginapi.ContainerAllocateResponse
+			require.NoError(t, proto.Unmarshal(en.AllocResp, &r))
+			assert.Len(t, r.Envs, 1)
+		}
+	}
+
+	// The same ledger writes the same bytes.
+	b, err := checkpoint.New(entries, reg).MarshalCheckpoint()
+	require.NoError(t, err)
+	assert.Equal(t, string(readFile(t, ckPath)), string(b))
+}
+
+func deviceNUMA(id string) []int64 {
+	switch id {
+	case "g0":
+		return []int64{0}
+	case "g1":
+		return []int64{1}
+	case "g3":
+		return []int64{0, 1}
+	}
+	return nil
+}
+
+func idsUnder(m checkpoint.DevicesPerNUMA, id string) []int64 {
+	var out []int64
+	for k, list := range m {
+		if slices.Contains(list, id) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// DESIGN data flow 1 + SPEC 3.9: a new manager on the same directory
+// restores the allocations; Stop writes nothing.
+func TestCheckpointRestoreAfterRestart(t *testing.T) {
+	e := newEnv(t, func(o *devicemanager.Options) { o.NUMANodes = []int{0, 1}; o.StopGracePeriod = time.Minute })
+	m1 := e.start(t)
+	pl := e.plugin(t, "p.sock", resGPU, nil, healthy("d0", 0), healthy("d1", 1), healthy("d2"))
+	p := pod("u1", ctr("c", resGPU, 3), ctr("other", "cpu", 1))
+	require.NoError(t, e.allocate(p, "c"))
+	wantOpts, err := e.runOptions(p, "c")
+	require.NoError(t, err)
+	wantDevs := m1.GetDevices("u1", "c")
+	ckPath := filepath.Join(e.dir, checkpoint.DeviceManagerKey)
+	before := readFile(t, ckPath)
+
+	pl.stop()
+	e.waitCapacity(t, resGPU, 3, 0)
+	require.NoError(t, m1.Stop())
+	assert.Equal(t, string(before), string(readFile(t, ckPath)), "disconnect or Stop wrote the checkpoint")
+
+	e.ready.v.Store(false)
+	cmap := podstate.ContainerMap{"cid-1": {PodUID: "u1", ContainerName: "c"}}
+	m2 := e.startWith(t, cmap, sets.New("cid-1"))
+
+	got := m2.GetDevices("u1", "c")
+	require.Contains(t, got, resGPU)
+	assert.Equal(t, sets.KeySet(wantDevs[resGPU]), sets.KeySet(got[resGPU]))
+	for id, d := range got[resGPU] {
+		assert.True(t, proto.Equal(wantDevs[resGPU][id], d), "device %s: %v vs %v", id, wantDevs[resGPU][id], d)
+	}
+	o, err := e.runOptions(p, "c")
+	require.NoError(t, err)
+	require.NotNil(t, o)
+	assert.ElementsMatch(t, wantOpts.Envs, o.Envs)
+
+	// Restored resources: capacity 0/0, not allocatable devices, no hints.
+	c, a, listed := capacityOf(m2, resGPU)
+	assert.True(t, listed)
+	assert.Zero(t, c)
+	assert.Zero(t, a)
+	assert.NotContains(t, m2.GetAllocatableDevices(), resGPU)
+	hints := m2.GetTopologyHints(p, &p.Spec.Containers[0])
+	assert.Contains(t, hints, resGPU)
+	assert.Nil(t, hints[resGPU])
+
+	// Sources not ready: the running container passes untouched; a new one does not.
+	require.NoError(t, e.allocate(p, "c"))
+	err = e.allocate(pod("u2", ctr("c", resGPU, 1)), "c")
+	require.Error(t, err)
+	assert.ErrorIs(t, err, devicemanager.ErrNoHealthyDevices)
+	// Sources ready: the running container is checked too.
+	e.ready.v.Store(true)
+	err = e.allocate(p, "c")
+	require.Error(t, err)
+	assert.ErrorIs(t, err, devicemanager.ErrNoHealthyDevices)
+
+	// The plugin comes back: no new RPC is needed.
+	pl2 := e.plugin(t, "p.sock", resGPU, nil, healthy("d0", 0), healthy("d1", 1), healthy("d2"))
+	require.NoError(t, e.allocate(p, "c"))
+	assert.Empty(t, pl2.allocateCalls())
+	e.clock.Step(time.Hour)
+	_, _, removed := m2.GetCapacity()
+	assert.Empty(t, removed)
+}
+
+// SPEC 3.9: a restored resource whose plugin never returns disappears after
+// the grace period.
+func TestRestoredResourceExpires(t *testing.T) {
+	dir := copyFixture(t, "sample")
+	e := newEnv(t, func(o *devicemanager.Options) { o.StopGracePeriod = time.Minute })
+	e.opts.SocketDir = dir
+	e.dir = dir
+	m := e.start(t)
+	c, a, listed := capacityOf(m, "example.com/dev")
+	assert.True(t, listed)
+	assert.Zero(t, c)
+	assert.Zero(t, a)
+	e.clock.Step(time.Minute)
+	_, _, removed := m.GetCapacity()
+	assert.Empty(t, removed)
+	e.clock.Step(time.Second)
+	_, _, removed = m.GetCapacity()
+	assert.Equal(t, []string{"example.com/dev"}, removed)
+	require.Eventually(t, func() bool {
+		_, reg, ok := tryReadCheckpoint(dir)
+		_, has := reg["example.com/dev"]
+		return ok && !has
+	}, waitFor, tick)
+	// The allocation record itself survives.
+	entries, _ := readCheckpoint(t, dir)
+	assert.Len(t, entries, 1)
+}
+
+// Manager start on each kubelet fixture.
+func TestManagerStartsOnKubeletFixtures(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		restored bool
+		numa     int64
+	}{
+		{"sample", true, 0},
+		{"reformatted", true, 0},
+		{"legacy-v1-valid", true, -1},
+		{"empty", false, 0},
+		// Bad files: unlike the kubelet (SPEC 6.6), devmgr moves them aside
+		// for inspection (issue 4): kubelet_internal_checkpoint.bad-<unix time>.
+		{"corrupt", false, 0},
+		{"badjson", false, 0},
+		{"legacy-v1", false, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := copyFixture(t, tc.name)
+			orig := readFile(t, filepath.Join(dir, checkpoint.DeviceManagerKey))
+			m, err := devicemanager.NewManagerImpl(devicemanager.Options{SocketDir: dir})
+			require.NoError(t, err)
+			require.NoError(t, m.Start(nil, nil, nil, nil), "a bad checkpoint must not fail Start")
+			defer func() { _ = m.Stop() }()
+			got := m.GetDevices("pod-uid-1", "ctr")
+			if !tc.restored {
+				assert.Empty(t, got)
+				if tc.name == "empty" {
+					assert.Equal(t, string(orig), string(readFile(t, filepath.Join(dir, checkpoint.DeviceManagerKey))), "file changed by Start")
+					return
+				}
+				_, err := os.Stat(filepath.Join(dir, checkpoint.DeviceManagerKey))
+				assert.ErrorIs(t, err, os.ErrNotExist, "a bad checkpoint is moved aside")
+				aside, err := filepath.Glob(filepath.Join(dir, checkpoint.DeviceManagerKey+".bad-*"))
+				require.NoError(t, err)
+				require.Len(t, aside, 1)
+				assert.Equal(t, string(orig), string(readFile(t, aside[0])))
+				return
+			}
+			devs := got["example.com/dev"]
+			assert.Equal(t, []string{"dev-0", "dev-1"}, keys(devs))
+			for id, d := range devs {
+				if tc.numa < 0 {
+					assert.Nil(t, d.GetTopology(), id)
+				} else {
+					require.NotNil(t, d.GetTopology(), id)
+					require.Len(t, d.Topology.Nodes, 1)
+					assert.Equal(t, tc.numa, d.Topology.Nodes[0].ID)
+				}
+			}
+			p := pod("pod-uid-1", ctr("ctr", "example.com/dev", 2))
+			o, err := m.GetDeviceRunContainerOptions(context.Background(), p, &p.Spec.Containers[0])
+			require.NoError(t, err)
+			require.NotNil(t, o)
+			assert.Equal(t, []devicemanager.EnvVar{{Name: "A", Value: "1"}}, o.Envs)
+		})
+	}
+}

@@ -1,0 +1,203 @@
+package blackbox_test
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	v1 "k8s.io/api/core/v1"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/openkubelet/devmgr/checkpoint"
+	"github.com/openkubelet/devmgr/devicemanager"
+)
+
+// SPEC 3.7 / 10.2 TestUpdateCapacityAllocatable: each message replaces the
+// resource's device set; "Healthy" (exact) is healthy, anything else is not.
+func TestListAndWatchReplacesDeviceSet(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	p := e.plugin(t, "p.sock", resGPU, nil, healthy("D1"), healthy("D2"), unhealthy("D3"))
+	e.waitCapacity(t, resGPU, 3, 2)
+	assert.Equal(t, []string{"D1", "D2"}, keys(e.mgr.GetAllocatableDevices()[resGPU]))
+
+	p.update(healthy("D1"), healthy("D2"))
+	e.waitCapacity(t, resGPU, 2, 2)
+
+	p.update(healthy("D1"), unhealthy("D2"), healthy("D3"))
+	e.waitCapacity(t, resGPU, 3, 2)
+	assert.Equal(t, []string{"D1", "D3"}, keys(e.mgr.GetAllocatableDevices()[resGPU]))
+
+	p.update(unhealthy("D2"), unhealthy("D3"))
+	e.waitCapacity(t, resGPU, 2, 0)
+	all := e.mgr.GetAllocatableDevices()
+	inner, ok := all[resGPU]
+	assert.True(t, ok, "a resource with known devices but none healthy keeps an (empty) entry")
+	assert.Empty(t, inner)
+
+	// Health strings other than exactly "Healthy" are unhealthy.
+	p.update(dev("D1", "healthy"), dev("D2", ""), dev("D3", "Unknown"), healthy("D4"))
+	e.waitCapacity(t, resGPU, 4, 1)
+
+	// A second resource is independent.
+	e.plugin(t, "q.sock", resNIC, nil, healthy("N1"), unhealthy("N2"), unhealthy("N3"))
+	e.waitCapacity(t, resNIC, 3, 1)
+	e.waitCapacity(t, resGPU, 4, 1)
+
+	// The device objects handed out keep their topology.
+	p.update(healthy("D1", 0), healthy("D2", 1))
+	e.waitCapacity(t, resGPU, 2, 2)
+	d := e.mgr.GetAllocatableDevices()[resGPU]["D2"]
+	require.NotNil(t, d)
+	require.NotNil(t, d.Topology)
+	require.Len(t, d.Topology.Nodes, 1)
+	assert.Equal(t, int64(1), d.Topology.Nodes[0].ID)
+}
+
+// Quantities in GetCapacity are DecimalSI.
+func TestCapacityQuantityFormat(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	e.plugin(t, "p.sock", resGPU, nil, healthy("D1"), healthy("D2"), unhealthy("D3"))
+	c, a, removed := e.mgr.GetCapacity()
+	assert.Empty(t, removed)
+	q := c["vendor.com/gpu"]
+	assert.Equal(t, "3", q.String())
+	qa := a["vendor.com/gpu"]
+	assert.Equal(t, "2", qa.String())
+}
+
+// SPEC 2.4 GetCapacity + 3.8: disconnect keeps the resource (allocatable 0)
+// for the grace period, strict >, then removes it once and rewrites the
+// checkpoint; disconnect itself writes nothing (SPEC 6.6).
+func TestGracePeriodRemovesResourceOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		grace time.Duration
+		want  time.Duration
+	}{
+		{"option", time.Minute, time.Minute},
+		{"default 5m", 0, 5 * time.Minute},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, func(o *devicemanager.Options) { o.StopGracePeriod = tc.grace })
+			e.start(t)
+			p := e.plugin(t, "p.sock", resGPU, nil, healthy("d0"), healthy("d1"), unhealthy("d2"))
+			e.plugin(t, "q.sock", resNIC, nil, healthy("n0"))
+			ckPath := filepath.Join(e.dir, checkpoint.DeviceManagerKey)
+			require.Eventually(t, func() bool {
+				_, reg, ok := tryReadCheckpoint(e.dir)
+				return ok && slices.Equal(sortedCopy(reg[resGPU]), []string{"d0", "d1"}) && len(reg[resNIC]) == 1
+			}, waitFor, tick)
+			before := readFile(t, ckPath)
+
+			p.stop()
+			e.waitCapacity(t, resGPU, 3, 0)
+			assert.Equal(t, before, readFile(t, ckPath), "checkpoint written on plugin disconnect")
+
+			e.clock.Step(tc.want)
+			c, a, removed := e.mgr.GetCapacity()
+			assert.Empty(t, removed, "removed at exactly the grace period (must be strictly greater)")
+			assert.Contains(t, c, v1.ResourceName(resGPU))
+			assert.Contains(t, a, v1.ResourceName(resGPU))
+
+			e.clock.Step(time.Nanosecond)
+			c, a, removed = e.mgr.GetCapacity()
+			assert.Equal(t, []string{resGPU}, removed)
+			assert.NotContains(t, c, v1.ResourceName(resGPU))
+			assert.NotContains(t, a, v1.ResourceName(resGPU))
+			assert.Contains(t, c, v1.ResourceName(resNIC), "the live resource was removed too")
+
+			_, _, removed = e.mgr.GetCapacity()
+			assert.Empty(t, removed, "a removed resource is reported once")
+			assert.NotContains(t, e.mgr.GetAllocatableDevices(), resGPU)
+
+			require.Eventually(t, func() bool {
+				_, reg, ok := tryReadCheckpoint(e.dir)
+				_, has := reg[resGPU]
+				return ok && !has && len(reg[resNIC]) == 1
+			}, waitFor, tick, "checkpoint not rewritten after GetCapacity removed a resource")
+		})
+	}
+}
+
+// Re-registration within the grace period keeps the resource for good.
+func TestReRegisterWithinGrace(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	p := e.plugin(t, "p.sock", resGPU, nil, healthy("d0"), healthy("d1"))
+	p.stop()
+	e.waitCapacity(t, resGPU, 2, 0)
+	e.clock.Step(4 * time.Minute)
+	e.plugin(t, "p2.sock", resGPU, nil, healthy("d0"), healthy("d1"), healthy("d2"))
+	e.clock.Step(10 * time.Minute)
+	_, _, removed := e.mgr.GetCapacity()
+	assert.Empty(t, removed)
+	e.waitCapacity(t, resGPU, 3, 3)
+}
+
+// DESIGN difference 10: ListAndWatch messages above the kubelet's 4 MiB are
+// accepted by default (64 MiB).
+func TestLargeDeviceListAccepted(t *testing.T) {
+	if testing.Short() {
+		t.Skip("large list")
+	}
+	e := newEnv(t, nil)
+	e.start(t)
+	const n = 70000
+	devs := make([]*pluginapi.Device, 0, n)
+	pad := strings.Repeat("x", 60)
+	for i := range n {
+		devs = append(devs, healthy(fmt.Sprintf("%s-%06d", pad, i)))
+	}
+	e.plugin(t, "p.sock", resGPU, nil, devs...)
+	e.waitCapacity(t, resGPU, n, n)
+}
+
+// DESIGN difference 7: a message that leaves the healthy set unchanged costs
+// no write; one that changes it does.
+func TestCheckpointNotRewrittenForSameHealthySet(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	p := e.plugin(t, "p.sock", resGPU, nil, healthy("d0"), healthy("d1"))
+	q := e.plugin(t, "q.sock", resNIC, nil, healthy("n0"))
+	ckPath := filepath.Join(e.dir, checkpoint.DeviceManagerKey)
+	require.Eventually(t, func() bool {
+		_, reg, ok := tryReadCheckpoint(e.dir)
+		return ok && len(reg[resGPU]) == 2 && len(reg[resNIC]) == 1
+	}, waitFor, tick)
+	require.NoError(t, os.Remove(ckPath))
+
+	// Same healthy set (plus an unhealthy device, which is not content).
+	p.update(healthy("d1"), healthy("d0"), unhealthy("d9"))
+	e.waitCapacity(t, resGPU, 3, 2)
+	// A second unchanged-content message on the same stream: once it is
+	// processed, any write caused by the first one has finished.
+	p.update(healthy("d0"), unhealthy("d8"), healthy("d1"), unhealthy("d9"))
+	e.waitCapacity(t, resGPU, 4, 2)
+	_, err := os.Stat(ckPath)
+	assert.True(t, os.IsNotExist(err), "checkpoint rewritten for a message that left its content unchanged")
+	// A change on the other resource is written; that write must carry the
+	// unchanged gpu set, and nothing in between may have written.
+	q.update(healthy("n0"), healthy("n1"))
+	e.waitCapacity(t, resNIC, 2, 2)
+	require.Eventually(t, func() bool {
+		_, err := os.Stat(ckPath)
+		return err == nil
+	}, waitFor, tick, "changed content not written")
+	_, reg := readCheckpoint(t, e.dir)
+	assert.Equal(t, []string{"d0", "d1"}, sortedCopy(reg[resGPU]))
+	assert.Equal(t, []string{"n0", "n1"}, sortedCopy(reg[resNIC]))
+}
+
+func sortedCopy(s []string) []string {
+	out := slices.Clone(s)
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,275 @@
+package blackbox_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/status"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/openkubelet/devmgr/devicemanager"
+)
+
+// SPEC 7.3 step 2: only v1beta1 is accepted, with the kubelet's message.
+func TestRegisterRejectsUnsupportedVersion(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	p := newFakePlugin(t, e.dir, "p.sock", resGPU, nil, healthy("d0"))
+	p.start(t)
+	for _, v := range []string{"v1alpha", "v1", "", "v1beta2"} {
+		err := register(t, e.dir, &pluginapi.RegisterRequest{Version: v, Endpoint: p.endpointName(), ResourceName: resGPU})
+		require.Error(t, err, "version %q", v)
+		want := fmt.Sprintf(`requested API version %q is not supported by kubelet. Supported version is ["v1beta1"]`, v)
+		assert.Contains(t, status.Convert(err).Message(), want)
+	}
+	assert.Equal(t, 0, p.optionCalls(), "a rejected registration dialled the plugin")
+	_, _, listed := capacityOf(e.mgr, resGPU)
+	assert.False(t, listed)
+}
+
+// SPEC 7.3 step 3: IsExtendedResourceName.
+func TestRegisterResourceNameRules(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	longPrefixOK := strings.Repeat("a", 244)  // "requests." + 244 = 253
+	longPrefixBad := strings.Repeat("a", 245) // 254
+	cases := []struct {
+		name  string
+		valid bool
+	}{
+		{"vendor.com/gpu", true},
+		{"a/b", true},
+		{"example.com/a_b.c-D9", true},
+		{"x.io/" + strings.Repeat("n", 63), true},
+		{longPrefixOK + "/g", true},
+		{"gpu", false},
+		{"kubernetes.io/gpu", false},
+		{"foo.kubernetes.io/gpu", false},
+		{"requests.vendor.com/gpu", false},
+		{"Vendor.com/gpu", false},
+		{"vendor_com/gpu", false},
+		{"vendor.com/gpu/x", false},
+		{"vendor.com/", false},
+		{"/gpu", false},
+		{"vendor.com/-gpu", false},
+		{"vendor.com/gpu-", false},
+		{"vendor.com/g pu", false},
+		{"x.io/" + strings.Repeat("n", 64), false},
+		{longPrefixBad + "/g", false},
+	}
+	for i, tc := range cases {
+		t.Run(fmt.Sprintf("%d-%v", i, tc.valid), func(t *testing.T) {
+			p := newFakePlugin(t, e.dir, fmt.Sprintf("n%d.sock", i), tc.name, nil, healthy("d0"))
+			p.start(t)
+			err := registerPlugin(t, e.dir, p)
+			if tc.valid {
+				require.NoError(t, err, "name %q", tc.name)
+				e.waitCapacity(t, tc.name, 1, 1)
+				return
+			}
+			require.Error(t, err, "name %q", tc.name)
+			assert.Contains(t, status.Convert(err).Message(), fmt.Sprintf("the ResourceName %q is invalid", tc.name))
+			assert.Equal(t, 0, p.optionCalls())
+		})
+	}
+}
+
+// DESIGN difference 4: RegisterRequest.Endpoint must be a bare file name,
+// even when the path it names holds a serving plugin.
+func TestRegisterEndpointMustBeBareFileName(t *testing.T) {
+	root := tempDir(t)
+	sockDir := filepath.Join(root, "dp")
+	e := newEnv(t, func(o *devicemanager.Options) { o.SocketDir = sockDir })
+	e.dir = sockDir
+	e.start(t)
+	require.NoError(t, os.Mkdir(filepath.Join(sockDir, "sub"), 0o750))
+
+	outside := newFakePlugin(t, root, "x.sock", resGPU, nil, healthy("d0"))
+	outside.start(t)
+	nested := newFakePlugin(t, filepath.Join(sockDir, "sub"), "y.sock", resGPU, nil, healthy("d0"))
+	nested.start(t)
+
+	for _, ep := range []string{"../x.sock", "sub/y.sock", "./sub/y.sock", outside.sock, "", ".", ".."} {
+		err := register(t, sockDir, &pluginapi.RegisterRequest{Version: pluginapi.Version, Endpoint: ep, ResourceName: resGPU})
+		assert.Error(t, err, "endpoint %q accepted", ep)
+	}
+	assert.Equal(t, 0, outside.optionCalls(), "plugin outside SocketDir was dialled")
+	assert.Equal(t, 0, nested.optionCalls(), "plugin in a subdirectory was dialled")
+	_, _, listed := capacityOf(e.mgr, resGPU)
+	assert.False(t, listed)
+}
+
+// SPEC 7.3 step 5: RegisterRequest.Options is ignored; the options come from
+// GetDevicePluginOptions.
+func TestRegisterOptionsFetchedByRPC(t *testing.T) {
+	t.Run("request says yes, plugin says no", func(t *testing.T) {
+		e := newEnv(t, nil)
+		e.start(t)
+		p := newFakePlugin(t, e.dir, "p.sock", resGPU, &pluginapi.DevicePluginOptions{}, healthy("d0"), healthy("d1"), healthy("d2"))
+		p.start(t)
+		require.NoError(t, register(t, e.dir, &pluginapi.RegisterRequest{
+			Version: pluginapi.Version, Endpoint: p.endpointName(), ResourceName: resGPU,
+			Options: &pluginapi.DevicePluginOptions{PreStartRequired: true, GetPreferredAllocationAvailable: true},
+		}))
+		e.waitCapacity(t, resGPU, 3, 3)
+		assert.GreaterOrEqual(t, p.optionCalls(), 1)
+		pd := pod("u1", ctr("c", resGPU, 1))
+		e.pods.set(pd)
+		require.NoError(t, e.mgr.Allocate(context.Background(), pd, &pd.Spec.Containers[0]))
+		_, err := e.mgr.GetDeviceRunContainerOptions(context.Background(), pd, &pd.Spec.Containers[0])
+		require.NoError(t, err)
+		assert.Empty(t, p.preferredCalls())
+		assert.Empty(t, p.preStartCalls())
+	})
+	t.Run("request says nothing, plugin says yes", func(t *testing.T) {
+		e := newEnv(t, nil)
+		e.start(t)
+		p := newFakePlugin(t, e.dir, "p.sock", resGPU,
+			&pluginapi.DevicePluginOptions{PreStartRequired: true, GetPreferredAllocationAvailable: true},
+			healthy("d0"), healthy("d1"), healthy("d2"))
+		p.start(t)
+		require.NoError(t, register(t, e.dir, &pluginapi.RegisterRequest{
+			Version: pluginapi.Version, Endpoint: p.endpointName(), ResourceName: resGPU,
+		}))
+		e.waitCapacity(t, resGPU, 3, 3)
+		pd := pod("u1", ctr("c", resGPU, 1))
+		e.pods.set(pd)
+		require.NoError(t, e.mgr.Allocate(context.Background(), pd, &pd.Spec.Containers[0]))
+		_, err := e.mgr.GetDeviceRunContainerOptions(context.Background(), pd, &pd.Spec.Containers[0])
+		require.NoError(t, err)
+		assert.Len(t, p.preferredCalls(), 1)
+		assert.Len(t, p.preStartCalls(), 1)
+	})
+}
+
+// SPEC 7.4: a dial failure is returned to the registering plugin.
+func TestRegisterFailsWhenPluginNotServing(t *testing.T) {
+	e := newEnv(t, func(o *devicemanager.Options) { o.DialTimeout = 300 * time.Millisecond })
+	e.start(t)
+	err := register(t, e.dir, &pluginapi.RegisterRequest{Version: pluginapi.Version, Endpoint: "nobody.sock", ResourceName: resGPU})
+	require.Error(t, err)
+	_, _, listed := capacityOf(e.mgr, resGPU)
+	assert.False(t, listed)
+
+	// A later, good registration of the same resource works.
+	e.plugin(t, "p.sock", resGPU, nil, healthy("d0"))
+}
+
+// DESIGN difference 6: re-registering on the same socket replaces the old
+// connection; the old stream's end must not stop the live endpoint.
+func TestReRegisterSameSocketReplacesConnection(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	p := e.plugin(t, "p.sock", resGPU, nil, healthy("d0"), healthy("d1"))
+	require.Eventually(t, func() bool { return p.streamCount() == 1 }, waitFor, tick)
+
+	require.NoError(t, registerPlugin(t, e.dir, p), "re-registration on the same socket refused")
+	require.Eventually(t, func() bool { return p.streamCount() == 2 }, waitFor, tick)
+	require.Eventually(t, func() bool { return p.openStreams() == 1 }, waitFor, tick, "old connection not closed")
+
+	p.update(healthy("d0"), healthy("d1"), healthy("d2"))
+	e.waitCapacity(t, resGPU, 3, 3)
+	// The old stream ended; if that had stopped the endpoint, the grace
+	// period would now remove the live resource.
+	e.clock.Step(10 * time.Minute)
+	c, a, listed := capacityOf(e.mgr, resGPU)
+	assert.True(t, listed, "live resource removed after the old connection ended")
+	assert.Equal(t, int64(3), c)
+	assert.Equal(t, int64(3), a)
+}
+
+// A plugin restarted on the same socket path is accepted and its list wins.
+func TestPluginRestartOnSameSocket(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	p := e.plugin(t, "p.sock", resGPU, nil, healthy("d0"), healthy("d1"))
+	p.stop()
+	e.waitCapacity(t, resGPU, 2, 0)
+
+	p2 := e.plugin(t, "p.sock", resGPU, nil, healthy("d5"))
+	e.clock.Step(6 * time.Minute)
+	c, a, listed := capacityOf(e.mgr, resGPU)
+	assert.True(t, listed)
+	assert.Equal(t, int64(1), c)
+	assert.Equal(t, int64(1), a)
+	assert.Equal(t, []string{"d5"}, keys(e.mgr.GetAllocatableDevices()[resGPU]))
+
+	pd := pod("u1", ctr("c", resGPU, 1))
+	require.NoError(t, e.mgr.Allocate(context.Background(), pd, &pd.Spec.Containers[0]))
+	assert.Len(t, p2.allocateCalls(), 1)
+}
+
+// SPEC 10.2 TestDevicePluginReRegistration: several instances of one resource;
+// the latest full list wins.
+func TestMultipleInstancesLatestListWins(t *testing.T) {
+	for _, opts := range []*pluginapi.DevicePluginOptions{
+		{}, {PreStartRequired: true}, {GetPreferredAllocationAvailable: true},
+		{PreStartRequired: true, GetPreferredAllocationAvailable: true},
+	} {
+		t.Run(fmt.Sprintf("prestart=%v,preferred=%v", opts.PreStartRequired, opts.GetPreferredAllocationAvailable), func(t *testing.T) {
+			e := newEnv(t, nil)
+			e.start(t)
+			a := e.plugin(t, "p.sock", resGPU, opts, healthy("Dev1"), healthy("Dev2"))
+			b := e.plugin(t, "p.sock.new", resGPU, opts, healthy("Dev1"), healthy("Dev2"), healthy("Dev4"))
+			c := e.plugin(t, "p.sock.third", resGPU, opts, healthy("Dev3"))
+			e.waitCapacity(t, resGPU, 1, 1)
+			assert.Equal(t, []string{"Dev3"}, keys(e.mgr.GetAllocatableDevices()[resGPU]))
+
+			// The newest registration is the primary.
+			pd := pod("u1", ctr("c", resGPU, 1))
+			e.pods.set(pd)
+			require.NoError(t, e.mgr.Allocate(context.Background(), pd, &pd.Spec.Containers[0]))
+			assert.Len(t, c.allocateCalls(), 1)
+			assert.Empty(t, a.allocateCalls())
+			assert.Empty(t, b.allocateCalls())
+
+			// Losing one instance of several keeps the resource allocatable,
+			// and a surviving instance becomes the primary.
+			c.stop()
+			a.update(healthy("Dev1"), healthy("Dev2"), healthy("Dev5"))
+			e.waitAllocatable(t, resGPU, "Dev1", "Dev2", "Dev5")
+			p2 := pod("u2", ctr("c", resGPU, 1))
+			require.Eventually(t, func() bool { return e.allocate(p2, "c") == nil }, waitFor, tick,
+				"no surviving instance was promoted to primary")
+			assert.Len(t, c.allocateCalls(), 1)
+			assert.Len(t, append(a.allocateCalls(), b.allocateCalls()...), 1)
+			e.clock.Step(6 * time.Minute)
+			cp, al, listed := capacityOf(e.mgr, resGPU)
+			assert.True(t, listed)
+			assert.Equal(t, int64(3), cp)
+			assert.Equal(t, int64(3), al)
+		})
+	}
+}
+
+// DESIGN "further rules": no re-dial after the stream ends; the plugin
+// re-registers, and that is accepted at any time.
+func TestStreamEndNoRedialReRegisterAccepted(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	p := e.plugin(t, "p.sock", resGPU, nil, healthy("d0"), healthy("d1"))
+	p.endStreams()
+	e.waitCapacity(t, resGPU, 2, 0)
+	assert.Equal(t, 1, p.streamCount())
+
+	require.NoError(t, registerPlugin(t, e.dir, p))
+	e.waitCapacity(t, resGPU, 2, 2)
+	assert.Equal(t, 2, p.streamCount(), "exactly one new stream, from the re-registration")
+}
+
+func keys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,222 @@
+package blackbox_test
+
+import (
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/sets"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/openkubelet/devmgr/devicemanager"
+)
+
+// SPEC 2.4 UpdateAllocatedResourcesStatus; DESIGN rule: a device missing
+// from the list is Healthy.
+func TestUpdateAllocatedResourcesStatus(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	pl := e.plugin(t, "p.sock", resGPU, nil, healthy("d1"), healthy("d2"))
+	p := pod("u1", ctr("c", resGPU, 2), ctr("plain", "cpu", 1))
+	require.NoError(t, e.allocate(p, "c"))
+	pl.update(healthy("d1"), unhealthy("d2"))
+	e.waitCapacity(t, resGPU, 2, 1)
+
+	keep := v1.ResourceStatus{Name: "example.com/other", Resources: []v1.ResourceHealth{{ResourceID: "x", Health: v1.ResourceHealthStatusUnknown}}}
+	st := &v1.PodStatus{
+		ContainerStatuses: []v1.ContainerStatus{
+			{Name: "c", AllocatedResourcesStatus: []v1.ResourceStatus{keep, {Name: resGPU}}},
+			{Name: "plain"},
+		},
+		InitContainerStatuses: []v1.ContainerStatus{{Name: "c"}},
+	}
+	e.mgr.UpdateAllocatedResourcesStatus(p, st)
+	got := st.ContainerStatuses[0].AllocatedResourcesStatus
+	require.Len(t, got, 2, "same-name entry must be replaced, others kept: %+v", got)
+	assert.Equal(t, keep, got[0])
+	assert.Equal(t, v1.ResourceName(resGPU), got[1].Name)
+	assert.ElementsMatch(t, []v1.ResourceHealth{
+		{ResourceID: "d1", Health: v1.ResourceHealthStatusHealthy},
+		{ResourceID: "d2", Health: v1.ResourceHealthStatusUnhealthy},
+	}, got[1].Resources)
+	assert.Empty(t, st.ContainerStatuses[1].AllocatedResourcesStatus)
+	assert.Empty(t, st.InitContainerStatuses[0].AllocatedResourcesStatus, "init container statuses are not touched")
+
+	// d2 vanishes from the list: reported Healthy.
+	pl.update(healthy("d1"))
+	e.waitCapacity(t, resGPU, 1, 1)
+	st2 := &v1.PodStatus{ContainerStatuses: []v1.ContainerStatus{{Name: "c"}}}
+	e.mgr.UpdateAllocatedResourcesStatus(p, st2)
+	require.Len(t, st2.ContainerStatuses[0].AllocatedResourcesStatus, 1)
+	assert.ElementsMatch(t, []v1.ResourceHealth{
+		{ResourceID: "d1", Health: v1.ResourceHealthStatusHealthy},
+		{ResourceID: "d2", Health: v1.ResourceHealthStatusHealthy},
+	}, st2.ContainerStatuses[0].AllocatedResourcesStatus[0].Resources)
+}
+
+func nextUpdate(t *testing.T, m *devicemanager.ManagerImpl) []string {
+	t.Helper()
+	select {
+	case u := <-m.Updates():
+		return sets.List(sets.New(u.PodUIDs...))
+	case <-time.After(waitFor):
+		t.Fatal("no update on Updates()")
+		return nil
+	}
+}
+
+// SPEC 3.7: owners of devices whose health changed (or that came back) are
+// sent; vanished devices and unchanged lists send nothing; owner lookup is
+// per resource.
+func TestUpdatesDeliverOwningPods(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	gpu := e.plugin(t, "g.sock", resGPU, nil, healthy("same"), healthy("g2"))
+	nic := e.plugin(t, "n.sock", resNIC, nil, healthy("same"))
+	pl := gpu
+	u1 := pod("u1", ctr("c", resGPU, 1))
+	u2 := pod("u2", ctr("c", resNIC, 1))
+	u3 := pod("u3", ctr("c", resGPU, 1))
+	require.NoError(t, e.allocate(u1, "c"))
+	require.NoError(t, e.allocate(u2, "c"))
+	require.NoError(t, e.allocate(u3, "c"))
+	u1dev := ids(e.mgr, "u1", "c", resGPU)[0]
+	u3dev := ids(e.mgr, "u3", "c", resGPU)[0]
+
+	// The nic's "same" belongs to u2 only (IDs are unique per resource).
+	nic.update(unhealthy("same"))
+	e.waitCapacity(t, resNIC, 1, 0)
+	assert.Equal(t, []string{"u2"}, nextUpdate(t, e.mgr))
+
+	pl.update(unhealthy(u1dev), healthy(u3dev))
+	e.waitCapacity(t, resGPU, 2, 1)
+	assert.Equal(t, []string{"u1"}, nextUpdate(t, e.mgr))
+
+	// Unchanged list, then u1's device vanishes: nothing; then u3's changes.
+	pl.update(healthy(u3dev), unhealthy(u1dev))
+	pl.update(healthy(u3dev))
+	e.waitCapacity(t, resGPU, 1, 1)
+	pl.update(unhealthy(u3dev))
+	e.waitCapacity(t, resGPU, 1, 0)
+	assert.Equal(t, []string{"u3"}, nextUpdate(t, e.mgr))
+
+	// u1's device comes back: its owner is told.
+	pl.update(unhealthy(u3dev), healthy(u1dev))
+	e.waitCapacity(t, resGPU, 2, 1)
+	assert.Equal(t, []string{"u1"}, nextUpdate(t, e.mgr))
+	select {
+	case u := <-e.mgr.Updates():
+		t.Fatalf("unexpected extra update %v", u.PodUIDs)
+	default:
+	}
+}
+
+// DESIGN difference 8: a slow consumer loses no pod UID.
+func TestUpdatesNeverLoseUIDs(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	const n = 120
+	devs := make([]*pluginapi.Device, 0, n)
+	for i := range n {
+		devs = append(devs, healthy(fmt.Sprintf("d%03d", i)))
+	}
+	pl := e.plugin(t, "p.sock", resGPU, nil, devs...)
+	owner := map[string]string{}
+	for i := range n {
+		uid := fmt.Sprintf("p%03d", i)
+		require.NoError(t, e.allocate(pod(uid, ctr("c", resGPU, 1)), "c"))
+		owner[ids(e.mgr, uid, "c", resGPU)[0]] = uid
+	}
+	want := sets.New[string]()
+	for i := range n {
+		devs[i] = unhealthy(devs[i].ID)
+		pl.update(devs...)
+		e.waitCapacity(t, resGPU, n, int64(n-i-1))
+		want.Insert(owner[devs[i].ID])
+	}
+	got := sets.New[string]()
+	require.Eventually(t, func() bool {
+		for {
+			select {
+			case u := <-e.mgr.Updates():
+				got.Insert(u.PodUIDs...)
+			default:
+				return got.Equal(want)
+			}
+		}
+	}, waitFor, tick, "lost %d pod UIDs", want.Difference(got).Len())
+}
+
+// SPEC 2.4 UpdatePluginResources / 10.2 TestUpdatePluginResources.
+func TestUpdatePluginResources(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	e.plugin(t, "g.sock", resGPU, nil, healthy("g1"), healthy("g2"))
+	e.plugin(t, "n.sock", resNIC, nil, healthy("n1"))
+	u1 := pod("u1", ctr("c", resGPU, 1, resNIC, 1))
+	u2 := pod("u2", ctr("c", resGPU, 1))
+	require.NoError(t, e.allocate(u1, "c"))
+	require.NoError(t, e.allocate(u2, "c"))
+
+	q := func(n int64) resource.Quantity { return *resource.NewQuantity(n, resource.DecimalSI) }
+	in := v1.ResourceList{v1.ResourceName(resNIC): q(2), v1.ResourceCPU: q(4)}
+	orig := in.DeepCopy()
+	out := e.mgr.UpdatePluginResources(in, u1)
+	gq, nq, cq := out[v1.ResourceName(resGPU)], out[v1.ResourceName(resNIC)], out[v1.ResourceCPU]
+	assert.Equal(t, int64(2), gq.Value(), "raised to the node-wide allocated count")
+	assert.Equal(t, int64(2), nq.Value(), "larger value kept")
+	assert.Equal(t, int64(4), cq.Value())
+
+	in2 := v1.ResourceList{v1.ResourceName(resGPU): q(1)}
+	out = e.mgr.UpdatePluginResources(in2, u1)
+	gq = out[v1.ResourceName(resGPU)]
+	assert.Equal(t, int64(2), gq.Value())
+	nq = out[v1.ResourceName(resNIC)]
+	assert.Equal(t, int64(1), nq.Value())
+
+	none := pod("u9", ctr("c", "cpu", 1))
+	out = e.mgr.UpdatePluginResources(orig.DeepCopy(), none)
+	assert.Equal(t, orig, out, "pod without devices: unchanged")
+}
+
+// SPEC 7.6: the plugin-watcher path.
+func TestWatcherHandler(t *testing.T) {
+	e := newEnv(t, func(o *devicemanager.Options) { o.DialTimeout = 500 * time.Millisecond })
+	e.start(t)
+	h := e.mgr.GetWatcherHandler()
+
+	assert.NoError(t, h.ValidatePlugin(resGPU, "/x.sock", []string{"v1alpha1", "v1beta1"}))
+	err := h.ValidatePlugin(resGPU, "/x.sock", []string{"v1alpha1"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "manager version, v1beta1, is not among plugin supported versions [v1alpha1]")
+	err = h.ValidatePlugin("bad", "/x.sock", []string{"v1beta1"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `invalid name of device plugin socket: the ResourceName "bad" is invalid`)
+
+	// The endpoint is used verbatim (an absolute path, anywhere).
+	other := tempDir(t)
+	pl := newFakePlugin(t, other, "w.sock", resGPU, nil, healthy("d0"), healthy("d1"))
+	pl.start(t)
+	timeout := 5 * time.Second
+	require.NoError(t, h.RegisterPlugin(resGPU, pl.sock, []string{"v1beta1"}, &timeout))
+	e.waitCapacity(t, resGPU, 2, 2)
+	require.NoError(t, e.allocate(pod("u1", ctr("c", resGPU, 1)), "c"))
+	assert.Len(t, pl.allocateCalls(), 1)
+
+	h.DeRegisterPlugin(resGPU, pl.sock)
+	e.waitCapacity(t, resGPU, 2, 0)
+	require.Eventually(t, func() bool { return pl.openStreams() == 0 }, waitFor, tick, "stream not closed by DeRegisterPlugin")
+	h.DeRegisterPlugin(resGPU, filepath.Join(other, "unknown.sock"))
+
+	err = h.RegisterPlugin(resNIC, filepath.Join(other, "nobody.sock"), []string{"v1beta1"}, &timeout)
+	assert.Error(t, err)
+
+	// Registered again by the watcher: allocatable again.
+	require.NoError(t, h.RegisterPlugin(resGPU, pl.sock, []string{"v1beta1"}, nil))
+	e.waitCapacity(t, resGPU, 2, 2)
+}
