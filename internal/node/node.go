@@ -1,6 +1,7 @@
 // Package node is the small part of a kubelet that devmgr's command needs
 // around the device manager: the set of admitted pods (the manager's active
-// pods), admission of a pod's containers in order, and release.
+// pods), admission of a pod's containers in order, release, and taking the
+// admitted pods back after the process restarts (AdmittedPods, Restore).
 //
 // A Node is safe for concurrent use. It starts nothing; its lifecycle is the
 // manager's.
@@ -49,6 +50,10 @@ type Container struct {
 
 // ErrInvalidPod marks a pod that cannot be admitted as written.
 var ErrInvalidPod = errors.New("invalid pod")
+
+// ErrAdmissionInProgress marks a second admission of a pod whose first
+// admission has not returned yet.
+var ErrAdmissionInProgress = errors.New("admission in progress")
 
 // AdmitError reports the container whose admission failed. The pod holds
 // nothing afterwards.
@@ -132,7 +137,7 @@ func (n *Node) Admit(ctx context.Context, pod *v1.Pod) (*Admission, error) {
 	}
 	if _, busy := n.admitting[uid]; busy {
 		n.mu.Unlock()
-		return nil, fmt.Errorf("pod %s is being admitted", uid)
+		return nil, fmt.Errorf("pod %s is being admitted: %w", uid, ErrAdmissionInProgress)
 	}
 	n.admitting[uid] = pod
 	mgr := n.mgr
@@ -156,6 +161,24 @@ func (n *Node) Admit(ctx context.Context, pod *v1.Pod) (*Admission, error) {
 
 func admit(ctx context.Context, mgr Manager, pod *v1.Pod) (*Admission, error) {
 	a := &Admission{UID: string(pod.UID), Name: pod.Name, Namespace: pod.Namespace}
+	containers := containersOf(pod)
+	for _, c := range containers {
+		if err := mgr.Allocate(ctx, pod, c); err != nil {
+			return nil, &AdmitError{Container: c.Name, Err: err}
+		}
+	}
+	for _, c := range containers {
+		got, err := describe(ctx, mgr, pod, c)
+		if err != nil {
+			return nil, err
+		}
+		a.Containers = append(a.Containers, got)
+	}
+	return a, nil
+}
+
+// containersOf returns the init containers then the app containers of pod.
+func containersOf(pod *v1.Pod) []*v1.Container {
 	containers := make([]*v1.Container, 0, len(pod.Spec.InitContainers)+len(pod.Spec.Containers))
 	for i := range pod.Spec.InitContainers {
 		containers = append(containers, &pod.Spec.InitContainers[i])
@@ -163,23 +186,23 @@ func admit(ctx context.Context, mgr Manager, pod *v1.Pod) (*Admission, error) {
 	for i := range pod.Spec.Containers {
 		containers = append(containers, &pod.Spec.Containers[i])
 	}
-	for _, c := range containers {
-		if err := mgr.Allocate(ctx, pod, c); err != nil {
-			return nil, &AdmitError{Container: c.Name, Err: err}
-		}
+	return containers
+}
+
+// describe returns what container c of pod holds: its run options, then its
+// devices (GetDeviceRunContainerOptions may allocate a missing record). When
+// the run options cannot be had, the container is still described, with its
+// devices and no run options, along with an *AdmitError.
+func describe(ctx context.Context, mgr Manager, pod *v1.Pod, c *v1.Container) (Container, error) {
+	opts, optsErr := mgr.GetDeviceRunContainerOptions(ctx, pod, c)
+	devs := map[string][]string{}
+	for res, ids := range mgr.GetDevices(string(pod.UID), c.Name) {
+		devs[res] = sets.List(sets.KeySet(ids))
 	}
-	for _, c := range containers {
-		opts, err := mgr.GetDeviceRunContainerOptions(ctx, pod, c)
-		if err != nil {
-			return nil, &AdmitError{Container: c.Name, Err: err}
-		}
-		devs := map[string][]string{}
-		for res, ids := range mgr.GetDevices(string(pod.UID), c.Name) {
-			devs[res] = sets.List(sets.KeySet(ids))
-		}
-		a.Containers = append(a.Containers, Container{Name: c.Name, Devices: devs, RunOptions: opts})
+	if optsErr != nil {
+		return Container{Name: c.Name, Devices: devs}, &AdmitError{Container: c.Name, Err: optsErr}
 	}
-	return a, nil
+	return Container{Name: c.Name, Devices: devs, RunOptions: opts}, nil
 }
 
 // validate refuses pods the manager cannot reason about.

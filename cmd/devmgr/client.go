@@ -1,0 +1,266 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+// clientOptions are the flags every client command shares.
+type clientOptions struct {
+	controlSocket string
+	json          bool
+	timeout       time.Duration
+}
+
+func (o *clientOptions) addFlags(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringVar(&o.controlSocket, "control-socket", "", `the control socket of a running "devmgr serve"`)
+	f.BoolVar(&o.json, "json", false, "print the server's JSON answer as is")
+	f.DurationVar(&o.timeout, "timeout", time.Minute, "give up waiting for the server after this long")
+	if err := cmd.MarkFlagRequired("control-socket"); err != nil {
+		panic(err) // defined above
+	}
+}
+
+func newStatusCmd() *cobra.Command {
+	o := &clientOptions{}
+	cmd := &cobra.Command{
+		Use:   "status --control-socket PATH",
+		Short: `Show the resources, devices and plugins of a running "devmgr serve"`,
+		Long: `status shows every resource a device plugin registered (or the checkpoint
+restored): capacity (all devices), allocatable (healthy devices), allocated
+and free (healthy devices no container holds), then each device with its
+health and NUMA nodes, then each plugin endpoint with its options.`,
+		Example: `  devmgr status --control-socket /tmp/dp-ctl.sock
+  devmgr status --control-socket /tmp/dp-ctl.sock --json | jq '.resources[].free'`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var st statusResponse
+			if err := o.call(cmd, http.MethodGet, pathStatus, nil, &st); err != nil {
+				return err
+			}
+			if o.json {
+				return nil
+			}
+			return printStatus(cmd.OutOrStdout(), st)
+		},
+	}
+	o.addFlags(cmd)
+	return cmd
+}
+
+func newPodsCmd() *cobra.Command {
+	o := &clientOptions{}
+	cmd := &cobra.Command{
+		Use:   "pods --control-socket PATH",
+		Short: `List the pods admitted by a running "devmgr serve" and their devices`,
+		Long: `pods lists the admitted pods, in admission order, with the devices each
+container holds.`,
+		Example: `  devmgr pods --control-socket /tmp/dp-ctl.sock
+  devmgr pods --control-socket /tmp/dp-ctl.sock --json | jq -r '.pods[].uid'`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var pods podsResponse
+			if err := o.call(cmd, http.MethodGet, pathPods, nil, &pods); err != nil {
+				return err
+			}
+			if o.json {
+				return nil
+			}
+			return printPods(cmd.OutOrStdout(), pods)
+		},
+	}
+	o.addFlags(cmd)
+	return cmd
+}
+
+func newAdmitCmd() *cobra.Command {
+	o := &clientOptions{}
+	var file string
+	cmd := &cobra.Command{
+		Use:   "admit --control-socket PATH -f FILE",
+		Short: `Admit a pod: allocate devices to its containers, as the kubelet does`,
+		Long: `admit sends a Pod (JSON or YAML; "-f -" reads it from standard input) to a
+running "devmgr serve", which allocates devices to every init container, then
+every app container, in order, calling the plugins' GetPreferredAllocation,
+Allocate and PreStartContainer as the kubelet does. It prints the devices and
+what the container runtime would get: environment, mounts, device nodes,
+annotations and CDI devices.
+
+A pod without metadata.uid gets a generated one, printed here. Admitting an
+admitted pod again gives the same answer. When a container cannot get its
+devices, the pod holds nothing, the error keeps the kubelet's wording, and
+admit exits non-zero.
+
+Extended resources that no plugin registered are ignored, as by the kubelet
+(admission succeeds without devices), unless "devmgr serve --require-plugin"
+names them.`,
+		Example: `  # A pod whose container asks for 2 devices of example.com/gpu:
+  cat > pod.yaml <<EOF
+  apiVersion: v1
+  kind: Pod
+  metadata: {name: train, uid: train-1}
+  spec:
+    containers:
+    - name: main
+      resources: {limits: {example.com/gpu: 2}}
+  EOF
+  devmgr admit --control-socket /tmp/dp-ctl.sock -f pod.yaml
+
+  # From standard input, printing the server's JSON:
+  devmgr admit --control-socket /tmp/dp-ctl.sock -f - --json < pod.json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			body, err := readPodFile(file, cmd.InOrStdin())
+			if err != nil {
+				return err
+			}
+			var a admissionResponse
+			if err := o.call(cmd, http.MethodPost, pathPods, body, &a); err != nil {
+				return err
+			}
+			if o.json {
+				return nil
+			}
+			return printAdmission(cmd.OutOrStdout(), a)
+		},
+	}
+	o.addFlags(cmd)
+	cmd.Flags().StringVarP(&file, "filename", "f", "", `the pod, as JSON or YAML; "-" reads standard input`)
+	if err := cmd.MarkFlagRequired("filename"); err != nil {
+		panic(err) // defined above
+	}
+	return cmd
+}
+
+func newReleaseCmd() *cobra.Command {
+	o := &clientOptions{}
+	cmd := &cobra.Command{
+		Use:   "release --control-socket PATH UID",
+		Short: "Release a pod: free its devices, as when the kubelet removes it",
+		Long: `release forgets an admitted pod and frees the devices of its containers.
+It exits non-zero when no admitted pod has that UID.`,
+		Example: `  devmgr release --control-socket /tmp/dp-ctl.sock train-1
+
+  # Release every admitted pod:
+  devmgr pods --control-socket /tmp/dp-ctl.sock --json | jq -r '.pods[].uid' |
+      xargs -n1 devmgr release --control-socket /tmp/dp-ctl.sock`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var rel releaseResponse
+			if err := o.call(cmd, http.MethodDelete, pathPods+"/"+url.PathEscape(args[0]), nil, &rel); err != nil {
+				return err
+			}
+			if o.json {
+				return nil
+			}
+			_, err := fmt.Fprintf(cmd.OutOrStdout(), "pod %s/%s released (uid %s)\n", rel.Pod.Namespace, rel.Pod.Name, rel.Pod.UID)
+			return err
+		},
+	}
+	o.addFlags(cmd)
+	return cmd
+}
+
+// readPodFile reads the pod file name, or stdin for "-".
+func readPodFile(name string, stdin io.Reader) ([]byte, error) {
+	var body []byte
+	var err error
+	if name == "-" {
+		body, err = io.ReadAll(stdin)
+		name = "standard input"
+	} else {
+		body, err = os.ReadFile(name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the pod: %w", err)
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil, fmt.Errorf("read the pod: %s is empty", name)
+	}
+	return body, nil
+}
+
+// call sends one request to the control socket. With --json, the answer is
+// printed as is, error or not. An error answer becomes an error carrying
+// the server's message; a success answer is decoded into out.
+func (o *clientOptions) call(cmd *cobra.Command, method, path string, body []byte, out any) error {
+	ctx, cancel := context.WithTimeout(cmd.Context(), o.timeout)
+	defer cancel()
+	transport := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", o.controlSocket)
+		},
+	}
+	defer transport.CloseIdleConnections()
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	// The host is a placeholder: the transport always dials the socket.
+	req, err := http.NewRequestWithContext(ctx, method, "http://devmgr"+path, rd)
+	if err != nil {
+		return err
+	}
+	resp, err := (&http.Client{Transport: transport}).Do(req)
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("no answer from devmgr serve on %s within %s", o.controlSocket, o.timeout)
+		}
+		return fmt.Errorf("cannot reach devmgr serve on %s (is \"devmgr serve --control-socket %s\" running?): %w",
+			o.controlSocket, o.controlSocket, unwrapURLError(err))
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fmt.Errorf("read the answer of devmgr serve: %w", err)
+	}
+	if o.json {
+		if _, err := cmd.OutOrStdout().Write(raw); err != nil {
+			return err
+		}
+	}
+	if resp.StatusCode >= 300 {
+		return answerError(resp, raw)
+	}
+	if err := json.Unmarshal(raw, out); err != nil {
+		return fmt.Errorf("devmgr serve answered %s with something other than the expected JSON: %w", resp.Status, err)
+	}
+	return nil
+}
+
+// answerError turns an error answer into an error: the server's message,
+// the container it names, and the HTTP status.
+func answerError(resp *http.Response, raw []byte) error {
+	var e errorResponse
+	if err := json.Unmarshal(raw, &e); err != nil || e.Error == "" {
+		return fmt.Errorf("devmgr serve answered %s: %s", resp.Status, strings.TrimSpace(string(raw)))
+	}
+	msg := e.Error
+	if e.Container != "" {
+		msg = fmt.Sprintf("container %q: %s", e.Container, msg)
+	}
+	return fmt.Errorf("%s (%s)", msg, resp.Status)
+}
+
+// unwrapURLError drops the "Post \"http://devmgr/v1/pods\":" prefix, which
+// names a URL the user never typed.
+func unwrapURLError(err error) error {
+	if ue := (*url.Error)(nil); errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
+}

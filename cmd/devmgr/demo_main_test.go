@@ -1,0 +1,86 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// devmgrBinary is the devmgr command built once by TestMain, for the tests
+// that run it end to end. It is built with the race detector when the tests
+// are, so that a race in a command fails its run (exit code 66).
+var devmgrBinary string
+
+func TestMain(m *testing.M) { os.Exit(testMain(m)) }
+
+func testMain(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "devmgr-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "create a directory for the devmgr binary:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	devmgrBinary = filepath.Join(dir, "devmgr")
+	args := []string{"build", "-o", devmgrBinary}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	build := exec.Command("go", append(args, ".")...)
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "go build devmgr: %v\n%s", err, out)
+		return 1
+	}
+	if _, set := os.LookupEnv("GORACE"); !set {
+		// The race runtime sleeps a second at exit, for goroutines still
+		// running to report; the commands stop theirs before exiting.
+		_ = os.Setenv("GORACE", "atexit_sleep_ms=0")
+	}
+	return m.Run()
+}
+
+// binaryResult is the outcome of one run of the devmgr binary.
+type binaryResult struct {
+	stdout, stderr string
+	exitCode       int
+	elapsed        time.Duration
+}
+
+// runDevmgrBinary runs the devmgr binary with args and extra environment
+// variables (KEY=value), and waits for it, up to a minute.
+func runDevmgrBinary(t *testing.T, env []string, args ...string) binaryResult {
+	t.Helper()
+	return runDevmgrBinaryIn(t, "", env, args...)
+}
+
+// runDevmgrBinaryIn is runDevmgrBinary in the working directory dir ("":
+// the test's).
+func runDevmgrBinaryIn(t *testing.T, dir string, env []string, args ...string) binaryResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, devmgrBinary, args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	start := time.Now()
+	err := cmd.Run()
+	res := binaryResult{stdout: stdout.String(), stderr: stderr.String(), elapsed: time.Since(start)}
+	var exitErr *exec.ExitError
+	switch {
+	case errors.As(err, &exitErr):
+		res.exitCode = exitErr.ExitCode()
+	case err != nil:
+		t.Fatalf("run devmgr %v: %v", args, err)
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("devmgr %v did not exit within a minute; stderr:\n%s", args, res.stderr)
+	}
+	return res
+}

@@ -1,0 +1,265 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/openkubelet/devmgr/devicemanager"
+	"github.com/openkubelet/devmgr/internal/node"
+)
+
+const (
+	// restoreTimeout bounds the rebuilding of the restored pods' answers.
+	restoreTimeout = 10 * time.Second
+	// drainTimeout is how long shutdown lets control requests finish before
+	// it cancels them, and then again before it closes their connections.
+	drainTimeout = 3 * time.Second
+	// watchInterval is how often the manager's state is polled for logging
+	// and for retiring resources whose plugin is gone (the kubelet's node
+	// status loop runs every 10s; a fake kubelet answers faster).
+	watchInterval = time.Second
+)
+
+// server is a running "devmgr serve": the device manager, the node of pods
+// admitted through the control socket, the control API and the watch loop.
+type server struct {
+	log  klog.Logger
+	mgr  *devicemanager.ManagerImpl
+	http *http.Server
+	ctl  *ownedSocket
+	// failed receives the control API's error if it stops serving on its own.
+	failed chan error
+	// cancel ends the watch loop and every control request; wg waits for
+	// the goroutines the server started.
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// readyFunc adapts a function to devicemanager.SourcesReady.
+type readyFunc func() bool
+
+func (f readyFunc) AllReady() bool { return f() }
+
+// startServer starts everything in the order the kubelet would: the admitted
+// pods are read first, the manager starts (removing stale sockets and
+// restoring its checkpoint), the pods are taken back, and only then does
+// the control socket accept requests. On error, whatever was started is
+// stopped again.
+func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
+	store := newPodStore(cfg.checkpointDir)
+	pods, err := store.load()
+	if err != nil {
+		return nil, err
+	}
+	if err := removeStaleSocket(cfg.controlSocket, logger); err != nil {
+		return nil, err
+	}
+	// The manager's Start removes every socket in the socket directory:
+	// never those of a kubelet, or another serve, at work there.
+	kubeletSocket := filepath.Join(cfg.socketDir, devicemanager.KubeletSocketName)
+	if socketInUse(kubeletSocket) {
+		return nil, fmt.Errorf("%s is in use by a running kubelet or devmgr serve; stop it or choose another --socket-dir", kubeletSocket)
+	}
+
+	nd := node.New(nil)
+	mgr, err := devicemanager.NewManagerImpl(devicemanager.Options{
+		SocketDir:       cfg.socketDir,
+		CheckpointDir:   cfg.checkpointDir,
+		NUMANodes:       cfg.numaNodes,
+		RequirePlugin:   cfg.requirePlugin,
+		StopGracePeriod: cfg.stopGracePeriod,
+		Logger:          logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("device manager: %w", err)
+	}
+	nd.SetManager(mgr)
+	// Until the admitted pods are back, the manager must not collect their
+	// devices: its pod sources are not ready.
+	var restored atomic.Bool
+	if err := mgr.Start(nd.ActivePods, readyFunc(restored.Load), nil, nil); err != nil {
+		mgr.Stop()
+		return nil, fmt.Errorf("start device manager: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			mgr.Stop()
+		}
+	}()
+	if len(pods) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), restoreTimeout)
+		err := nd.Restore(ctx, pods)
+		cancel()
+		if err != nil {
+			logger.Error(err, "Some admitted pods were restored without all their run options")
+		}
+		logger.Info("Restored admitted pods", "count", len(nd.Pods()), "path", store.path)
+	}
+	restored.Store(true)
+
+	ctl, err := listenOwned(cfg.controlSocket)
+	if err != nil {
+		return nil, err
+	}
+	base, cancel := context.WithCancel(context.Background())
+	cs := &controlServer{
+		status: mgr.Status,
+		node:   nd,
+		info:   managerJSON{SocketDir: cfg.socketDir, CheckpointDir: cfg.checkpointDir, NUMANodes: cfg.numaNodes},
+		record: func() error { return store.sync(nd.AdmittedPods) },
+		log:    logger.WithName("control"),
+	}
+	s := &server{
+		log: logger,
+		mgr: mgr,
+		http: &http.Server{
+			Handler:           cs.handler(),
+			BaseContext:       func(net.Listener) context.Context { return base },
+			ReadHeaderTimeout: 10 * time.Second,
+			ErrorLog:          log.New(logWriter{logger.WithName("http")}, "", 0),
+		},
+		ctl:    ctl,
+		failed: make(chan error, 1),
+		cancel: cancel,
+	}
+	w := &watcher{mgr: mgr, log: logger}
+	s.wg.Add(2)
+	go func() {
+		defer s.wg.Done()
+		if err := s.http.Serve(ctl); !errors.Is(err, http.ErrServerClosed) {
+			s.failed <- err
+		}
+	}()
+	go func() {
+		defer s.wg.Done()
+		w.run(base, watchInterval)
+	}()
+	logger.Info("Serving", "socketPath", kubeletSocket, "controlSocket", cfg.controlSocket,
+		"checkpointDir", cfg.checkpointDir, "numaNodes", cfg.numaNodes)
+	return s, nil
+}
+
+// shutdown lets control requests finish (cancelling them if they take too
+// long), stops the watch loop and the manager, and removes the control
+// socket if it is still the one the server created. The manager removes
+// kubelet.sock; plugins' sockets are left alone.
+func (s *server) shutdown() error {
+	ctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+	err := s.http.Shutdown(ctx)
+	cancel()
+	if err != nil {
+		// Requests still run (say an admission waiting for a slow plugin):
+		// cancel them and give their handlers time to return.
+		s.cancel()
+		ctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+		if err := s.http.Shutdown(ctx); err != nil {
+			_ = s.http.Close()
+		}
+		cancel()
+	}
+	s.cancel()
+	s.wg.Wait()
+	s.mgr.Stop()
+	if err := s.ctl.remove(); err != nil {
+		return fmt.Errorf("remove control socket: %w", err)
+	}
+	s.log.Info("Stopped")
+	return nil
+}
+
+// ownedSocket is a unix listener whose file is removed at the end only if
+// it is still the file this process created.
+type ownedSocket struct {
+	net.Listener
+	path string
+	info fs.FileInfo
+}
+
+// listenOwned listens on the unix socket path, readable and writable by its
+// owner only: whoever reaches the control socket can admit and release pods.
+func listenOwned(path string) (*ownedSocket, error) {
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listen on control socket: %w", err)
+	}
+	// The file is removed by remove, after checking it is still ours.
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	fi, err := os.Lstat(path)
+	if err == nil {
+		err = os.Chmod(path, 0o600)
+	}
+	if err != nil {
+		_ = l.Close()
+		_ = os.Remove(path)
+		return nil, fmt.Errorf("control socket: %w", err)
+	}
+	return &ownedSocket{Listener: l, path: path, info: fi}, nil
+}
+
+func (s *ownedSocket) remove() error {
+	fi, err := os.Lstat(s.path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if !os.SameFile(fi, s.info) {
+		return nil // replaced by someone else's socket
+	}
+	return os.Remove(s.path)
+}
+
+// socketInUse reports whether something accepts connections on the unix
+// socket path.
+func socketInUse(path string) bool {
+	conn, err := net.DialTimeout("unix", path, time.Second)
+	if err != nil {
+		return false
+	}
+	_ = conn.Close()
+	return true
+}
+
+// removeStaleSocket removes a socket left at path by an earlier run. Nothing
+// at path is fine; a socket something still serves, or a file that is not a
+// socket, is an error.
+func removeStaleSocket(path string, logger klog.Logger) error {
+	fi, err := os.Lstat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case err != nil:
+		return fmt.Errorf("control socket: %w", err)
+	case fi.Mode().Type() != fs.ModeSocket:
+		return fmt.Errorf("control socket %s exists and is not a socket; remove it or choose another --control-socket", path)
+	case socketInUse(path):
+		return fmt.Errorf("control socket %s is in use: is another devmgr serve running?", path)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove stale control socket: %w", err)
+	}
+	logger.Info("Removed stale control socket", "path", path)
+	return nil
+}
+
+// logWriter turns the HTTP server's log lines into log entries.
+type logWriter struct{ log klog.Logger }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.log.Info("HTTP server error", "err", strings.TrimSpace(string(p)))
+	return len(p), nil
+}

@@ -1,0 +1,95 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// AdmittedPods returns copies of the admitted pods, in admission order, with
+// the UID and namespace Admit gave them: what a process saves to hand to
+// Restore after it restarts. Pods still being admitted are left out.
+func (n *Node) AdmittedPods() []*v1.Pod {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make([]*v1.Pod, 0, len(n.order))
+	for _, uid := range n.order {
+		out = append(out, n.pods[uid].pod.DeepCopy())
+	}
+	return out
+}
+
+// AdmittedPod returns a copy of one admitted pod, as AdmittedPods gives it.
+func (n *Node) AdmittedPod(uid types.UID) (*v1.Pod, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	e, ok := n.pods[string(uid)]
+	if !ok {
+		return nil, false
+	}
+	return e.pod.DeepCopy(), true
+}
+
+// Restore takes back pods admitted before a restart (as AdmittedPods gave
+// them) without allocating anything: their devices are whatever the manager
+// restored from its checkpoint. Every pod is active, for the manager's garbage
+// collection, before Restore first calls the manager; then each pod's answer
+// is rebuilt from GetDeviceRunContainerOptions and GetDevices, so that Pods,
+// Pod and a repeated Admit give it as before the restart.
+//
+// Pods without a UID, invalid pods and pods already known are skipped. A
+// container whose run options cannot be had (say its resource lost its
+// record and its plugin is not back to allocate again) keeps the devices it
+// holds, without run options: its pod stays admitted, so that nothing it
+// holds is handed to another pod, until it is released. The errors of all
+// the pods are joined.
+func (n *Node) Restore(ctx context.Context, pods []*v1.Pod) error {
+	var errs []error
+	var todo []*v1.Pod
+	n.mu.Lock()
+	for _, p := range pods {
+		if err := validate(p); err != nil {
+			errs = append(errs, fmt.Errorf("restore pod: %w", err))
+			continue
+		}
+		uid := string(p.UID)
+		if uid == "" {
+			errs = append(errs, fmt.Errorf("restore pod %q: %w: no UID", p.Name, ErrInvalidPod))
+			continue
+		}
+		if _, known := n.pods[uid]; known {
+			continue
+		}
+		if _, known := n.admitting[uid]; known {
+			continue
+		}
+		p = p.DeepCopy()
+		if p.Namespace == "" {
+			p.Namespace = "default"
+		}
+		n.admitting[uid] = p
+		todo = append(todo, p)
+	}
+	mgr := n.mgr
+	n.mu.Unlock()
+
+	for _, p := range todo {
+		a := Admission{UID: string(p.UID), Name: p.Name, Namespace: p.Namespace}
+		for _, c := range containersOf(p) {
+			got, err := describe(ctx, mgr, p, c)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("restore pod %s: %w", p.UID, err))
+			}
+			a.Containers = append(a.Containers, got)
+		}
+		n.mu.Lock()
+		delete(n.admitting, string(p.UID))
+		n.pods[string(p.UID)] = &entry{pod: p, admission: a}
+		n.order = append(n.order, string(p.UID))
+		n.mu.Unlock()
+	}
+	return errors.Join(errs...)
+}
