@@ -13,7 +13,7 @@ BENCHTIME       ?= 1s
 BENCH           ?= .
 PKGS            ?= ./...
 
-.PHONY: all test vet lint fmt fmt-write tidy bench fuzz verify tools clean
+.PHONY: all test vet lint fmt fmt-write tidy bench fuzz verify interop tools clean
 
 all: verify test
 
@@ -54,6 +54,13 @@ fuzz:
 			$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) $$dir; \
 		done; \
 	done
+
+## interop: devmgr against device plugins nobody on the team wrote (needs
+## root and unshare -m; the first run downloads and builds them into .cache),
+## and the quirk tests of real plugins' behaviour.
+interop:
+	$(GO) test -tags interop -v -count=1 -timeout 20m ./interop/
+	$(GO) test -race -count=1 -run 'Quirk' ./devicemanager/
 
 ## verify: every static check (formatting, module tidiness, vet, lint).
 verify: fmt tidy vet lint

@@ -2,6 +2,7 @@ package devicemanager
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -145,7 +146,11 @@ func (m *ManagerImpl) follow(resource string, ep *endpoint.Endpoint) {
 	err := ep.Run(m.ctx, func(msg *pluginapi.ListAndWatchResponse) {
 		m.onDevices(resource, ep, msg.GetDevices())
 	})
-	if err != nil {
+	switch {
+	case errors.Is(err, endpoint.ErrStopped):
+		// Replaced (a re-registration) or stopped before its stream opened.
+		m.log.V(2).Info("Device plugin instance stopped before its stream opened", keyResource, resource, keySocket, ep.SocketPath())
+	case err != nil:
 		m.log.Error(err, "ListAndWatch ended unexpectedly for device plugin", keyResource, resource, keySocket, ep.SocketPath())
 	}
 	m.disconnect(resource, ep)

@@ -93,7 +93,7 @@ func Dial(ctx context.Context, resource, path string, opts Options) (*Endpoint, 
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("failed to dial device plugin: socket %s does not exist", path)
 		}
-		return nil, fmt.Errorf("failed to dial device plugin: %w", err)
+		return nil, fmt.Errorf("failed to dial device plugin: %s: %w", path, err)
 	}
 	if info.Mode().Type() != fs.ModeSocket {
 		return nil, fmt.Errorf("failed to dial device plugin: %s is not a unix socket", path)
@@ -110,7 +110,7 @@ func Dial(ctx context.Context, resource, path string, opts Options) (*Endpoint, 
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(opts.MaxRecvMsgSize)),
 	)
 	if err != nil {
-		return nil, fmt.Errorf("failed to dial device plugin: %w", err)
+		return nil, fmt.Errorf("failed to dial device plugin: %s: %w", path, err)
 	}
 	client := pluginapi.NewDevicePluginClient(conn)
 	dctx, cancel := context.WithTimeout(ctx, opts.DialTimeout)
@@ -120,11 +120,12 @@ func Dial(ctx context.Context, resource, path string, opts Options) (*Endpoint, 
 		connected := conn.GetState() == connectivity.Ready
 		_ = conn.Close()
 		if !connected {
-			// Nothing answered on the socket within the deadline: the
-			// kubelet's blocking dial reports this as a dial failure.
-			return nil, fmt.Errorf("failed to dial device plugin: %w", err)
+			// No gRPC server answered on the socket within the deadline
+			// (or it went away): the kubelet's blocking dial reports this
+			// as a dial failure.
+			return nil, fmt.Errorf("failed to dial device plugin: %s: %w", path, err)
 		}
-		return nil, fmt.Errorf("failed to get device plugin options: %w", err)
+		return nil, fmt.Errorf("failed to get device plugin options: %s: %w", path, err)
 	}
 	if options == nil {
 		options = &pluginapi.DevicePluginOptions{}

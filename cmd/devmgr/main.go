@@ -28,6 +28,15 @@ func newRootCmd() *cobra.Command {
   devmgr serve                a standalone device manager / fake kubelet for plugin authors
   devmgr status|pods|admit|release   talk to a running "devmgr serve"
   devmgr checkpoint inspect|verify   read and check a kubelet_internal_checkpoint`,
+		Example: `  # See devmgr work: two fake plugins, four pods, a health change, a restart.
+  devmgr demo
+
+  # A fake kubelet for your device plugin, and a pod admitted through it.
+  devmgr serve --socket-dir /tmp/dp --control-socket /tmp/dp-ctl.sock &
+  devmgr admit --control-socket /tmp/dp-ctl.sock -f pod.yaml
+
+  # Check a node's checkpoint.
+  devmgr checkpoint verify /var/lib/kubelet/device-plugins/kubelet_internal_checkpoint`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
