@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -217,7 +218,7 @@ func (m *ManagerImpl) allocateResource(ctx context.Context, log klog.Logger, pod
 	var preferred []string
 	if q, ask := podstate.PreferredQueryFor(in); ask && ep.Options().GetGetPreferredAllocationAvailable() {
 		m.mu.Unlock()
-		preferred = m.preferredAllocation(ctx, log, ep, q)
+		preferred = m.preferredAllocation(ctx, log, name, ep, q)
 		m.mu.Lock()
 		// The world may have moved while the plugin thought: start over with
 		// its answer.
@@ -239,7 +240,12 @@ func (m *ManagerImpl) allocateResource(ctx context.Context, log klog.Logger, pod
 	}
 	log.V(3).Info("Allocating devices", keyDeviceIDs, ids)
 
+	start := time.Now()
 	resp, err := ep.Allocate(ctx, ids)
+	m.metrics.allocDuration.WithLabelValues(name).Observe(time.Since(start).Seconds())
+	if err != nil {
+		m.metrics.rpcErrors.WithLabelValues(name, methodAllocate).Inc()
+	}
 	if err == nil && len(resp.GetContainerResponses()) == 0 {
 		err = fmt.Errorf("no containers return in allocation response %v", resp)
 	}
@@ -296,9 +302,12 @@ func (m *ManagerImpl) selectionInputLocked(podUID, container, name string, requi
 // preferredAllocation asks the plugin which devices it prefers. A failing
 // plugin is logged and treated as having no preference: one broken card must
 // not fail every pod on the node.
-func (m *ManagerImpl) preferredAllocation(ctx context.Context, log klog.Logger, ep *endpoint.Endpoint, q podstate.PreferredQuery) []string {
+func (m *ManagerImpl) preferredAllocation(ctx context.Context, log klog.Logger, name string, ep *endpoint.Endpoint, q podstate.PreferredQuery) []string {
+	start := time.Now()
 	resp, err := ep.GetPreferredAllocation(ctx, q.Available, q.MustInclude, q.Size)
+	m.metrics.preferred.WithLabelValues(name).Observe(time.Since(start).Seconds())
 	if err != nil {
+		m.metrics.rpcErrors.WithLabelValues(name, methodGetPreferredAllocation).Inc()
 		log.Error(err, "Device plugin GetPreferredAllocation failed; allocating without its preference")
 		return nil
 	}
@@ -391,7 +400,11 @@ func (m *ManagerImpl) preStartIfNeeded(ctx context.Context, podUID, container, n
 	}
 	ids := sets.List(held)
 	m.log.V(4).Info("Issuing PreStartContainer", keyResource, name, keyPodUID, podUID, keyContainer, container, keyDeviceIDs, ids)
-	if _, err := ep.PreStartContainer(ctx, ids); err != nil {
+	start := time.Now()
+	_, err := ep.PreStartContainer(ctx, ids)
+	m.metrics.preStart.WithLabelValues(name).Observe(time.Since(start).Seconds())
+	if err != nil {
+		m.metrics.rpcErrors.WithLabelValues(name, methodPreStartContainer).Inc()
 		return pluginCallError("device plugin PreStartContainer rpc failed with err: ", err)
 	}
 	return nil

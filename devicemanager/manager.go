@@ -35,6 +35,7 @@ type ManagerImpl struct {
 	store         checkpoint.Manager
 	kubeletSocket string
 	updates       *updateQueue
+	metrics       *metrics
 
 	// ctx is cancelled by Stop; every goroutine the manager starts ends with it.
 	ctx    context.Context
@@ -75,6 +76,8 @@ type ManagerImpl struct {
 	connSeq  uint64
 	server   *grpc.Server
 	serveErr error
+	// registry maps each registry socket to the plugin it registered.
+	registry map[string]registryEntry
 }
 
 // NewManagerImpl returns a manager configured by opts. It validates the
@@ -103,6 +106,10 @@ func NewManagerImpl(opts Options) (*ManagerImpl, error) {
 		inflight:      map[string]int{},
 		activePods:    func() []*v1.Pod { return nil },
 		sourcesReady:  alwaysReady{},
+	}
+	if m.metrics, err = newMetrics(m, opts.Registerer); err != nil {
+		cancel()
+		return nil, fmt.Errorf("register metrics: %w", err)
 	}
 	return m, nil
 }
@@ -182,6 +189,12 @@ func (m *ManagerImpl) Start(activePods ActivePodsFunc, sourcesReady SourcesReady
 		defer m.wg.Done()
 		m.updates.run(m.ctx)
 	}()
+	if m.opts.PluginsRegistryDir != "" {
+		if err := m.watchRegistry(); err != nil {
+			_ = m.Stop()
+			return err
+		}
+	}
 	m.log.V(2).Info("Device manager started", keySocket, m.kubeletSocket)
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	"k8s.io/utils/clock"
@@ -58,6 +59,15 @@ type Options struct {
 	Clock clock.Clock
 	// Logger is the manager's logger; default klog.Background().
 	Logger klog.Logger
+	// PluginsRegistryDir, when set (absolute), is watched for plugins that
+	// register through the pluginregistration v1 protocol (a socket serving
+	// GetInfo and NotifyRegistrationStatus) instead of calling kubelet.sock,
+	// as the kubelet's plugin watcher does with
+	// /var/lib/kubelet/plugins_registry. Empty: not watched.
+	PluginsRegistryDir string
+	// Registerer receives the manager's Prometheus metrics (the kubelet's
+	// kubelet_device_plugin_* and devmgr_*); nil: no metrics are registered.
+	Registerer prometheus.Registerer
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -72,6 +82,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if !filepath.IsAbs(o.CheckpointDir) {
 		return o, fmt.Errorf("bad checkpoint directory, must be an absolute path: %q", o.CheckpointDir)
+	}
+	if o.PluginsRegistryDir != "" && !filepath.IsAbs(o.PluginsRegistryDir) {
+		return o, fmt.Errorf("bad plugins registry directory, must be an absolute path: %q", o.PluginsRegistryDir)
 	}
 	// A unix socket path has room for 107 bytes; kubelet.sock must fit.
 	if n := len(filepath.Join(o.SocketDir, KubeletSocketName)); n > maxSocketPath {

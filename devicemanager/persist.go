@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/openkubelet/devmgr/checkpoint"
 	"github.com/openkubelet/devmgr/endpoint"
@@ -48,20 +49,27 @@ func (m *ManagerImpl) persist(gen uint64) error {
 	current := m.gen
 	m.mu.Unlock()
 
+	start := time.Now()
 	blob, err := data.MarshalCheckpoint()
 	if err != nil {
+		m.metrics.checkpointTotal.WithLabelValues("failed").Inc()
 		return fmt.Errorf("encode checkpoint: %w", err)
 	}
 	if bytes.Equal(blob, m.lastBlob) {
+		m.metrics.checkpointTotal.WithLabelValues("unchanged").Inc()
 		m.writtenGen = current
 		return nil
 	}
 	if err := m.store.CreateCheckpoint(checkpoint.DeviceManagerKey, encoded(blob)); err != nil {
+		m.metrics.checkpointTotal.WithLabelValues("failed").Inc()
 		// The file may or may not hold blob now; forget what it holds so the
 		// next write is not skipped.
 		m.lastBlob = nil
 		return err
 	}
+	m.metrics.checkpointWrite.Observe(time.Since(start).Seconds())
+	m.metrics.checkpointBytes.Set(float64(len(blob)))
+	m.metrics.checkpointTotal.WithLabelValues("written").Inc()
 	m.log.V(4).Info("Wrote checkpoint", "bytes", len(blob), "checksum", data.Checksum())
 	m.writtenGen = current
 	m.lastBlob = blob

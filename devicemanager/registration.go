@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"k8s.io/apimachinery/pkg/util/validation"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -31,6 +32,7 @@ type registrationServer struct {
 // req.Options is ignored: options are always fetched from the plugin.
 func (s *registrationServer) Register(ctx context.Context, req *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
 	m := s.m
+	m.metrics.registrations.WithLabelValues(req.ResourceName).Inc()
 	log := m.log.WithValues(keyResource, req.ResourceName)
 	log.V(2).Info("Got registration request from device plugin", keyVersion, req.Version, "endpoint", req.Endpoint)
 	if err := validateVersion(req.Version); err != nil {
@@ -111,6 +113,7 @@ func (m *ManagerImpl) connect(ctx context.Context, resource, path string) error 
 	}
 	ep, err := endpoint.Dial(ctx, resource, path, m.opts.endpointOptions())
 	if err != nil {
+		m.metrics.rpcErrors.WithLabelValues(resource, methodGetDevicePluginOptions).Inc()
 		return err
 	}
 	m.mu.Lock()
@@ -144,6 +147,7 @@ func (m *ManagerImpl) connect(ctx context.Context, resource, path string) error 
 func (m *ManagerImpl) follow(resource string, ep *endpoint.Endpoint) {
 	defer m.wg.Done()
 	err := ep.Run(m.ctx, func(msg *pluginapi.ListAndWatchResponse) {
+		m.metrics.messageBytes.WithLabelValues(resource).Observe(float64(proto.Size(msg)))
 		m.onDevices(resource, ep, msg.GetDevices())
 	})
 	switch {
@@ -151,6 +155,7 @@ func (m *ManagerImpl) follow(resource string, ep *endpoint.Endpoint) {
 		// Replaced (a re-registration) or stopped before its stream opened.
 		m.log.V(2).Info("Device plugin instance stopped before its stream opened", keyResource, resource, keySocket, ep.SocketPath())
 	case err != nil:
+		m.metrics.rpcErrors.WithLabelValues(resource, methodListAndWatch).Inc()
 		m.log.Error(err, "ListAndWatch ended unexpectedly for device plugin", keyResource, resource, keySocket, ep.SocketPath())
 	}
 	m.disconnect(resource, ep)
