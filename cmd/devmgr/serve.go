@@ -33,6 +33,7 @@ type serveOptions struct {
 	verbosity       int
 	requirePlugin   []string
 	stopGracePeriod time.Duration
+	extraOptions
 }
 
 func newServeCmd() *cobra.Command {
@@ -83,6 +84,7 @@ user running serve can use the control socket (mode 0600).`,
 	f.IntVarP(&o.verbosity, "v", "v", 0, "log verbosity: 2 shows the manager's registrations and device updates, 3 allocation decisions, 4 every plugin call")
 	f.StringSliceVar(&o.requirePlugin, "require-plugin", nil, "resource names, or domain/*, that only a device plugin serves: admission fails while no plugin registered them (default: such resources are ignored, as by the kubelet)")
 	f.DurationVar(&o.stopGracePeriod, "stop-grace-period", devicemanager.DefaultStopGracePeriod, "how long a resource stays known after its plugin is gone")
+	o.addFlags(f)
 	for _, name := range []string{"socket-dir", "control-socket"} {
 		if err := cmd.MarkFlagRequired(name); err != nil {
 			panic(err) // a flag defined above
@@ -99,6 +101,7 @@ type serveConfig struct {
 	numaNodes       []int
 	requirePlugin   []string
 	stopGracePeriod time.Duration
+	extraConfig
 }
 
 // config checks the options and fills in defaults: absolute paths, the
@@ -142,6 +145,9 @@ func (o *serveOptions) config(sysRoot string) (serveConfig, error) {
 	}
 	cfg.stopGracePeriod = o.stopGracePeriod
 	cfg.requirePlugin = o.requirePlugin
+	if cfg.extraConfig, err = o.extraOptions.config(cfg); err != nil {
+		return cfg, err
+	}
 	return cfg, nil
 }
 

@@ -40,6 +40,8 @@ type server struct {
 	mgr  *devicemanager.ManagerImpl
 	http *http.Server
 	ctl  *ownedSocket
+	// extras are the optional servers: podresources and metrics.
+	extras *extras
 	// failed receives the control API's error if it stops serving on its own.
 	failed chan error
 	// cancel ends the watch loop and every control request; wg waits for
@@ -76,12 +78,14 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 
 	nd := node.New(nil)
 	mgr, err := devicemanager.NewManagerImpl(devicemanager.Options{
-		SocketDir:       cfg.socketDir,
-		CheckpointDir:   cfg.checkpointDir,
-		NUMANodes:       cfg.numaNodes,
-		RequirePlugin:   cfg.requirePlugin,
-		StopGracePeriod: cfg.stopGracePeriod,
-		Logger:          logger,
+		SocketDir:          cfg.socketDir,
+		CheckpointDir:      cfg.checkpointDir,
+		NUMANodes:          cfg.numaNodes,
+		RequirePlugin:      cfg.requirePlugin,
+		StopGracePeriod:    cfg.stopGracePeriod,
+		Logger:             logger,
+		Registerer:         cfg.registerer(),
+		PluginsRegistryDir: cfg.pluginsRegistryDir,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("device manager: %w", err)
@@ -110,6 +114,15 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 	}
 	restored.Store(true)
 
+	ex, err := startExtras(cfg, mgr, nd, logger)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			ex.stop()
+		}
+	}()
 	ctl, err := listenOwned(cfg.controlSocket)
 	if err != nil {
 		return nil, err
@@ -132,6 +145,7 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 			ErrorLog:          log.New(logWriter{logger.WithName("http")}, "", 0),
 		},
 		ctl:    ctl,
+		extras: ex,
 		failed: make(chan error, 1),
 		cancel: cancel,
 	}
@@ -172,6 +186,7 @@ func (s *server) shutdown() error {
 	}
 	s.cancel()
 	s.wg.Wait()
+	s.extras.stop()
 	s.mgr.Stop()
 	if err := s.ctl.remove(); err != nil {
 		return fmt.Errorf("remove control socket: %w", err)

@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"path/filepath"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/pflag"
+	"k8s.io/klog/v2"
+
+	"github.com/openkubelet/devmgr/devicemanager"
+	"github.com/openkubelet/devmgr/internal/node"
+	"github.com/openkubelet/devmgr/podresources"
+)
+
+// extraOptions are the flags of "devmgr serve" for what surrounds the device
+// manager on a node: the podresources API, metrics, the plugins registry.
+type extraOptions struct {
+	podresourcesSocket string
+	metricsAddress     string
+	pluginsRegistryDir string
+}
+
+func (o *extraOptions) addFlags(f *pflag.FlagSet) {
+	f.StringVar(&o.podresourcesSocket, "podresources-socket", "", "serve the kubelet's podresources v1 API (List, GetAllocatableResources, Get) for the admitted pods on this unix socket (default: not served; the kubelet uses /var/lib/kubelet/pod-resources/kubelet.sock)")
+	f.StringVar(&o.metricsAddress, "metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, such as 127.0.0.1:9400 (port 0 picks a free port; the bound address is logged; default: not served)")
+	f.StringVar(&o.pluginsRegistryDir, "plugins-registry-dir", "", "also accept plugins that register through the pluginregistration protocol in this directory, as the kubelet's /var/lib/kubelet/plugins_registry (default: only kubelet.sock)")
+}
+
+// extraConfig is extraOptions checked.
+type extraConfig struct {
+	podresourcesSocket string
+	metricsAddress     string
+	pluginsRegistryDir string
+	metrics            *prometheus.Registry
+}
+
+func (o *extraOptions) config(base serveConfig) (extraConfig, error) {
+	cfg := extraConfig{metricsAddress: o.metricsAddress}
+	if o.podresourcesSocket != "" {
+		p, err := filepath.Abs(o.podresourcesSocket)
+		if err != nil {
+			return cfg, fmt.Errorf("--podresources-socket: %w", err)
+		}
+		switch {
+		case len(p) > maxSocketPath:
+			return cfg, fmt.Errorf("--podresources-socket %s is %d bytes long; a unix socket path holds at most %d", p, len(p), maxSocketPath)
+		case filepath.Dir(p) == base.socketDir:
+			return cfg, fmt.Errorf("--podresources-socket %s is in --socket-dir, where stale sockets are removed at start; choose another directory", p)
+		case p == base.controlSocket:
+			return cfg, fmt.Errorf("--podresources-socket %s is the control socket; choose another path", p)
+		}
+		cfg.podresourcesSocket = p
+	}
+	if o.pluginsRegistryDir != "" {
+		d, err := absDir("--plugins-registry-dir", o.pluginsRegistryDir)
+		if err != nil {
+			return cfg, err
+		}
+		cfg.pluginsRegistryDir = d
+	}
+	if o.metricsAddress != "" {
+		if _, _, err := net.SplitHostPort(o.metricsAddress); err != nil {
+			return cfg, fmt.Errorf("--metrics-address: %w", err)
+		}
+		cfg.metrics = prometheus.NewRegistry()
+		cfg.metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	return cfg, nil
+}
+
+// registerer returns where the manager registers its metrics; nil when
+// metrics are not served.
+func (c extraConfig) registerer() prometheus.Registerer {
+	if c.metrics == nil {
+		return nil
+	}
+	return c.metrics
+}
+
+// extras are the optional servers of a running "devmgr serve".
+type extras struct {
+	podresources *podresources.Server
+	metrics      *http.Server
+	done         chan struct{}
+	log          klog.Logger
+}
+
+func startExtras(cfg serveConfig, mgr *devicemanager.ManagerImpl, nd *node.Node, logger klog.Logger) (_ *extras, err error) {
+	ex := &extras{log: logger}
+	defer func() {
+		if err != nil {
+			ex.stop()
+		}
+	}()
+	if cfg.podresourcesSocket != "" {
+		srv, err := podresources.NewServer(mgr, podresources.PodsFunc(nd.ActivePods),
+			podresources.Options{Logger: logger.WithName("podresources")})
+		if err != nil {
+			return nil, fmt.Errorf("podresources: %w", err)
+		}
+		if err := srv.Start(cfg.podresourcesSocket); err != nil {
+			return nil, fmt.Errorf("podresources: %w", err)
+		}
+		ex.podresources = srv
+		logger.Info("Serving podresources", "socketPath", cfg.podresourcesSocket)
+	}
+	if cfg.metrics != nil {
+		lis, err := net.Listen("tcp", cfg.metricsAddress)
+		if err != nil {
+			return nil, fmt.Errorf("--metrics-address: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(cfg.metrics, promhttp.HandlerOpts{}))
+		ex.metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		ex.done = make(chan struct{})
+		go func() {
+			defer close(ex.done)
+			if err := ex.metrics.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+				logger.Error(err, "Metrics server stopped")
+			}
+		}()
+		logger.Info("Serving metrics", "address", lis.Addr().String(), "url", "http://"+lis.Addr().String()+"/metrics")
+	}
+	return ex, nil
+}
+
+// stop stops the optional servers and waits for them.
+func (ex *extras) stop() {
+	if ex == nil {
+		return
+	}
+	if ex.podresources != nil {
+		if err := ex.podresources.Stop(); err != nil {
+			ex.log.Error(err, "Stopping podresources")
+		}
+	}
+	if ex.metrics != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+		if err := ex.metrics.Shutdown(ctx); err != nil {
+			_ = ex.metrics.Close()
+		}
+		cancel()
+		<-ex.done
+		ex.metrics = nil
+	}
+}

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/openkubelet/devmgr/plugintest"
+)
+
+// serve with the podresources API, metrics and the plugins registry: a plugin
+// registers through the registry directory, a pod is admitted through the
+// control socket, the podresources client lists exactly its devices, and
+// /metrics carries the kubelet's metric names.
+func TestServePodResourcesMetricsRegistry(t *testing.T) {
+	dir := shortTempDir(t)
+	sockDir := filepath.Join(dir, "dp")
+	regDir := filepath.Join(dir, "reg")
+	prSock := filepath.Join(dir, "pr", "kubelet.sock")
+	s := startServe(t, filepath.Join(dir, "ctl.sock"), "--socket-dir", sockDir,
+		"--podresources-socket", prSock, "--metrics-address", "127.0.0.1:0", "--plugins-registry-dir", regDir)
+	s.waitLog("Serving metrics")
+	addr := regexp.MustCompile(`Serving metrics.*address="([^"]+)"`).FindStringSubmatch(s.log.String())
+	require.Len(t, addr, 2, s.log.String())
+
+	pluginDir := filepath.Join(dir, "plug")
+	require.NoError(t, os.MkdirAll(pluginDir, 0o750))
+	p, err := plugintest.New(plugintest.Options{ResourceName: gpu, SocketDir: pluginDir, Devices: gpus(3)})
+	require.NoError(t, err)
+	t.Cleanup(p.Stop)
+	require.NoError(t, p.Start())
+	require.NoError(t, p.ServeRegistry(regDir))
+	// Another plugin registers the usual way, on kubelet.sock: both paths
+	// work at the same time.
+	nic, err := plugintest.New(plugintest.Options{ResourceName: "example.com/nic", SocketDir: sockDir, Devices: gpus(1)})
+	require.NoError(t, err)
+	t.Cleanup(nic.Stop)
+	require.NoError(t, nic.Start())
+	require.NoError(t, nic.Register(filepath.Join(sockDir, "kubelet.sock")))
+	c := newAPIClient(t, s.ctl)
+	c.waitStatus("the plugins' devices", func(st statusResponse) bool {
+		r, n := st.resource(gpu), st.resource("example.com/nic")
+		return r != nil && r.Allocatable == 3 && n != nil && n.Allocatable == 1
+	})
+
+	pod := `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"job","namespace":"ml","uid":"job-1"},
+"spec":{"containers":[{"name":"main","resources":{"limits":{"example.com/gpu":"2"}}}]}}`
+	res := ok(t, strings.NewReader(pod), "admit", "--control-socket", s.ctl, "-f", "-", "--json")
+	require.Contains(t, res.stdout, `"uid": "job-1"`)
+
+	conn, err := grpc.NewClient("unix://"+prSock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	client := podresourcesv1.NewPodResourcesListerClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	list, err := client.List(ctx, &podresourcesv1.ListPodResourcesRequest{})
+	require.NoError(t, err)
+	require.Len(t, list.PodResources, 1)
+	pr := list.PodResources[0]
+	assert.Equal(t, []string{"job", "ml"}, []string{pr.Name, pr.Namespace})
+	require.Len(t, pr.Containers, 1)
+	var ids []string
+	for _, d := range pr.Containers[0].Devices {
+		assert.Equal(t, gpu, d.ResourceName)
+		ids = append(ids, d.DeviceIds...)
+	}
+	sort.Strings(ids)
+	assert.Equal(t, []string{"gpu-0", "gpu-1"}, ids)
+	alloc, err := client.GetAllocatableResources(ctx, &podresourcesv1.AllocatableResourcesRequest{})
+	require.NoError(t, err)
+	assert.Len(t, alloc.Devices, 4, "every healthy device, allocated or not")
+
+	resp, err := http.Get("http://" + addr[1] + "/metrics")
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, resp.Body.Close())
+	require.NoError(t, err)
+	metrics := string(body)
+	assert.Contains(t, metrics, `kubelet_device_plugin_alloc_duration_seconds_count{resource_name="example.com/gpu"} 1`)
+	// Counted for kubelet.sock registrations only, as the kubelet does.
+	assert.Contains(t, metrics, `kubelet_device_plugin_registration_total{resource_name="example.com/nic"} 1`)
+	assert.Contains(t, metrics, `devmgr_devices{health="healthy",resource_name="example.com/gpu"} 3`)
+	assert.Contains(t, metrics, `devmgr_allocated_devices{resource_name="example.com/gpu"} 2`)
+
+	p.StopRegistry() // the registry socket goes: the plugin is deregistered
+	c.waitStatus("the plugin deregistered", func(st statusResponse) bool {
+		r := st.resource(gpu)
+		return r != nil && r.Allocatable == 0
+	})
+	assert.Equal(t, 0, s.stop(syscall.SIGTERM))
+	assert.False(t, exists(prSock), "the podresources socket is removed")
+}
+
+func TestServeExtraFlagErrors(t *testing.T) {
+	dir := shortTempDir(t)
+	sockDir := filepath.Join(dir, "dp")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--podresources-socket", filepath.Join(sockDir, "pr.sock")}, "is in --socket-dir"},
+		{[]string{"--podresources-socket", filepath.Join(dir, strings.Repeat("p", 120))}, "a unix socket path holds at most 107"},
+		{[]string{"--metrics-address", "no-port"}, "--metrics-address"},
+	} {
+		fails(t, nil, append([]string{"serve", "--socket-dir", sockDir, "--control-socket", filepath.Join(dir, "c.sock")}, tc.args...), tc.want)
+	}
+}
