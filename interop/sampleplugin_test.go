@@ -7,9 +7,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -29,6 +32,9 @@ import (
 const (
 	sampleResource = "example.com/resource"
 	restartWait    = 90 * time.Second
+	// grpcurl (github.com/fullstorydev/grpcurl) is the podresources client
+	// nobody on the team wrote, fed with the kubelet's own api.proto.
+	grpcurlVersion = "v1.9.4"
 )
 
 // repoRoot is the module root, two levels up from this package.
@@ -43,7 +49,7 @@ var repoRoot = func() string {
 // buildBinaries builds devmgr and the sample plugin into .cache/interop/bin;
 // the plugin's module downloads and build cache live under .cache/interop
 // too, so repeated runs take seconds.
-func buildBinaries(t *testing.T) (devmgr, plugin string) {
+func buildBinaries(t *testing.T) (devmgr, plugin, grpcurl string) {
 	t.Helper()
 	cache := filepath.Join(repoRoot, ".cache", "interop")
 	bin := filepath.Join(cache, "bin")
@@ -52,13 +58,20 @@ func buildBinaries(t *testing.T) (devmgr, plugin string) {
 	run(t, repoRoot, nil, "go", "build", "-o", devmgr, "./cmd/devmgr")
 	plugin = filepath.Join(bin, "sample-device-plugin")
 	start := time.Now()
+	grpcurl = filepath.Join(bin, "grpcurl")
+	run(t, repoRoot, []string{
+		"GOBIN=" + bin,
+		"GOMODCACHE=" + filepath.Join(cache, "mod"),
+		"GOCACHE=" + filepath.Join(cache, "build"),
+		"GOFLAGS=",
+	}, "go", "install", "github.com/fullstorydev/grpcurl/cmd/grpcurl@"+grpcurlVersion)
 	run(t, filepath.Join(repoRoot, "interop", "sampleplugin"), []string{
 		"GOMODCACHE=" + filepath.Join(cache, "mod"),
 		"GOCACHE=" + filepath.Join(cache, "build"),
 		"GOFLAGS=-mod=readonly",
 	}, "go", "build", "-o", plugin, "k8s.io/kubernetes/test/images/sample-device-plugin")
-	t.Logf("built devmgr and the sample device plugin (k8s.io/kubernetes v1.37.2) in %s", time.Since(start).Round(time.Second))
-	return devmgr, plugin
+	t.Logf("built devmgr, the sample device plugin (k8s.io/kubernetes v1.37.2) and grpcurl %s in %s", grpcurlVersion, time.Since(start).Round(time.Second))
+	return devmgr, plugin, grpcurl
 }
 
 func run(t *testing.T, dir string, env []string, name string, args ...string) {
@@ -258,7 +271,7 @@ spec:
 
 func TestSampleDevicePlugin(t *testing.T) {
 	requireUnshare(t)
-	devmgr, pluginBin := buildBinaries(t)
+	devmgr, pluginBin, grpcurl := buildBinaries(t)
 
 	dir, err := os.MkdirTemp("", "io") // short: unix socket paths
 	require.NoError(t, err)
@@ -269,7 +282,9 @@ func TestSampleDevicePlugin(t *testing.T) {
 	require.NoError(t, os.MkdirAll(pluginTmp, 0o755))
 	c := client{t: t, devmgr: devmgr, control: filepath.Join(dir, "ctl.sock")}
 
-	serveArgs := []string{devmgr, "serve", "--socket-dir", sockDir, "--control-socket", c.control, "-v", "2"}
+	prSocket := filepath.Join(dir, "pr", "kubelet.sock")
+	serveArgs := []string{devmgr, "serve", "--socket-dir", sockDir, "--control-socket", c.control, "-v", "2",
+		"--podresources-socket", prSocket, "--metrics-address", "127.0.0.1:0"}
 	serve := startProcess(t, "devmgr serve", filepath.Join(dir, "serve.log"), nil, serveArgs...)
 	waitFor(t, "devmgr serve to answer", 10*time.Second, func() bool { _, ok := c.status(); return ok }, serve)
 
@@ -330,6 +345,18 @@ exec /run/interop-bin/sample-device-plugin`
 	require.Equal(t, 0, c.call(&kept, podYAML("interop-2", 1), "admit", "-f", "-"), "admit: %s", kept.Error)
 	keptDev := kept.Containers[0].Devices[sampleResource][0]
 
+	// A podresources client nobody on the team wrote lists exactly that.
+	listed := podresourcesDevices(t, grpcurl, prSocket, "List")
+	assert.Equal(t, []string{"interop/interop-2/main/" + sampleResource + "=" + keptDev}, listed)
+	allocatable := podresourcesDevices(t, grpcurl, prSocket, "GetAllocatableResources")
+	assert.Equal(t, []string{sampleResource + "=Dev-1", sampleResource + "=Dev-2"}, allocatable)
+	t.Logf("podresources (grpcurl %s): List %v, GetAllocatableResources %v", grpcurlVersion, listed, allocatable)
+
+	// /metrics carries the kubelet's metric names.
+	metrics := scrape(t, serve)
+	assert.Contains(t, metrics, `kubelet_device_plugin_registration_total{resource_name="example.com/resource"} 1`)
+	assert.Contains(t, metrics, `kubelet_device_plugin_alloc_duration_seconds_count{resource_name="example.com/resource"} 2`)
+
 	// Restart devmgr serve on the same directory: kubelet.sock is re-created,
 	// the plugin notices and registers again, the allocation is kept.
 	require.NoError(t, serve.stop(t), "serve exits 0 on SIGTERM")
@@ -365,4 +392,66 @@ exec /run/interop-bin/sample-device-plugin`
 
 	require.NoError(t, plugin.stop(t))
 	require.NoError(t, serve.stop(t))
+}
+
+// podresourcesDevices calls a PodResourcesLister method with grpcurl and
+// returns the devices it reports, sorted: "ns/pod/container/resource=id" for
+// List, "resource=id" for GetAllocatableResources.
+func podresourcesDevices(t *testing.T, grpcurl, socket, method string) []string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "k8s.io/kubelet").Output()
+	require.NoError(t, err)
+	protoDir := filepath.Join(strings.TrimSpace(string(out)), "pkg", "apis", "podresources", "v1")
+	cmd := exec.Command(grpcurl, "-plaintext", "-unix", "-import-path", protoDir, "-proto", "api.proto",
+		"-emit-defaults", socket, "v1.PodResourcesLister/"+method)
+	cmd.Dir = repoRoot
+	body, err := cmd.CombinedOutput()
+	require.NoError(t, err, "grpcurl %s: %s", method, body)
+	type device struct {
+		ResourceName string   `json:"resourceName"`
+		DeviceIDs    []string `json:"deviceIds"`
+	}
+	var reply struct {
+		PodResources []struct {
+			Name, Namespace string
+			Containers      []struct {
+				Name    string
+				Devices []device
+			}
+		} `json:"podResources"`
+		Devices []device `json:"devices"`
+	}
+	require.NoError(t, json.Unmarshal(body, &reply), "%s", body)
+	var got []string
+	for _, p := range reply.PodResources {
+		for _, c := range p.Containers {
+			for _, d := range c.Devices {
+				for _, id := range d.DeviceIDs {
+					got = append(got, p.Namespace+"/"+p.Name+"/"+c.Name+"/"+d.ResourceName+"="+id)
+				}
+			}
+		}
+	}
+	for _, d := range reply.Devices {
+		for _, id := range d.DeviceIDs {
+			got = append(got, d.ResourceName+"="+id)
+		}
+	}
+	slices.Sort(got)
+	return got
+}
+
+// scrape reads the metrics of a devmgr serve, whose log names the address.
+func scrape(t *testing.T, serve *process) string {
+	t.Helper()
+	logText, err := os.ReadFile(serve.log)
+	require.NoError(t, err)
+	m := regexp.MustCompile(`Serving metrics.*address="([^"]+)"`).FindSubmatch(logText)
+	require.Len(t, m, 2, "no metrics address in the log")
+	resp, err := http.Get("http://" + string(m[1]) + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(body)
 }
