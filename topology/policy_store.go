@@ -1,0 +1,137 @@
+package topology
+
+import (
+	"errors"
+	"sync"
+
+	v1 "k8s.io/api/core/v1"
+)
+
+// HintProvider gives the topology hints of a container's resources, as
+// devicemanager.ManagerImpl does (the kubelet's topologymanager.HintProvider,
+// container scope).
+type HintProvider interface {
+	GetTopologyHints(pod *v1.Pod, container *v1.Container) map[string][]Hint
+}
+
+// ErrNilContainer is returned by Store.Admit for a nil pod or container.
+var ErrNilContainer = errors.New("admission needs a pod and a container")
+
+// AffinityError is returned by Store.Admit when the policy refuses a
+// container. Its message is the kubelet's; Reason is the kubelet's admission
+// reason. Its Is method matches any AffinityError, so
+// errors.Is(err, &AffinityError{}) reports a refusal; use errors.As to read
+// the fields.
+type AffinityError struct {
+	Policy        string
+	PodUID        string
+	ContainerName string
+	// Hint is the best hint the merge found, which the policy refused.
+	Hint Hint
+}
+
+// Error returns the kubelet's message for a refused admission.
+func (e *AffinityError) Error() string {
+	return "Resources cannot be allocated with Topology locality"
+}
+
+// Reason returns the kubelet's pod admission reason, "TopologyAffinityError".
+func (e *AffinityError) Reason() string { return "TopologyAffinityError" }
+
+// Is reports whether target is an AffinityError, whatever its fields.
+func (e *AffinityError) Is(target error) bool {
+	_, ok := target.(*AffinityError)
+	return ok
+}
+
+// Store records the affinity chosen for each container, by pod UID and
+// container name, and gives it to the device manager (it is an
+// AffinityStore for devicemanager.Options.AffinityStore).
+//
+// Store is the one stateful type of this package: every method is safe for
+// concurrent use. Hints go in and out as copies, so neither side can change
+// the other's mask. The zero value is not usable; call NewStore.
+type Store struct {
+	// mu guards pods.
+	mu   sync.RWMutex
+	pods map[string]map[string]storedHint // pod UID -> container name -> hint
+}
+
+// storedHint is a Hint without its pointer.
+type storedHint struct {
+	affinity    BitMask
+	hasAffinity bool
+	preferred   bool
+}
+
+var _ AffinityStore = (*Store)(nil)
+
+// NewStore returns an empty Store.
+func NewStore() *Store {
+	return &Store{pods: make(map[string]map[string]storedHint)}
+}
+
+// SetAffinity records h for the container, replacing what was there.
+func (s *Store) SetAffinity(podUID, containerName string, h Hint) {
+	stored := storedHint{preferred: h.Preferred}
+	if h.NUMANodeAffinity != nil {
+		stored.affinity, stored.hasAffinity = *h.NUMANodeAffinity, true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	byContainer := s.pods[podUID]
+	if byContainer == nil {
+		byContainer = make(map[string]storedHint)
+		s.pods[podUID] = byContainer
+	}
+	byContainer[containerName] = stored
+}
+
+// GetAffinity returns the hint recorded for the container, or Hint{} (no
+// affinity) for a container it does not know.
+func (s *Store) GetAffinity(podUID, containerName string) Hint {
+	s.mu.RLock()
+	stored := s.pods[podUID][containerName]
+	s.mu.RUnlock()
+	h := Hint{Preferred: stored.preferred}
+	if stored.hasAffinity {
+		h.NUMANodeAffinity = &stored.affinity
+	}
+	return h
+}
+
+// RemovePod forgets every container of the pod.
+func (s *Store) RemovePod(podUID string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.pods, podUID)
+}
+
+// Admit runs one container admission, as the kubelet's container scope
+// does: it asks every provider for the container's hints, merges them with
+// p and, if p admits the result, records it and returns it. If p refuses,
+// it records nothing and returns an *AffinityError. Under PolicyNone it asks
+// no provider and records nothing (the container has no affinity), as the
+// kubelet's none policy. Nil providers are skipped. The store's lock is not
+// held while providers are asked: callers admit one container at a time, as
+// the kubelet does.
+func (s *Store) Admit(p Policy, pod *v1.Pod, container *v1.Container, providers ...HintProvider) (Hint, error) {
+	if pod == nil || container == nil {
+		return Hint{}, ErrNilContainer
+	}
+	if p.Name() == PolicyNone {
+		return Hint{}, nil
+	}
+	hints := make([]map[string][]Hint, 0, len(providers))
+	for _, hp := range providers {
+		if hp != nil {
+			hints = append(hints, hp.GetTopologyHints(pod, container))
+		}
+	}
+	best, admit := p.Merge(hints)
+	if !admit {
+		return Hint{}, &AffinityError{Policy: p.Name(), PodUID: string(pod.UID), ContainerName: container.Name, Hint: best}
+	}
+	s.SetAffinity(string(pod.UID), container.Name, best)
+	return best, nil
+}
