@@ -150,16 +150,17 @@ type errorResponse struct {
 
 // Reasons of errorResponse.
 const (
-	reasonInvalidPod          = "InvalidPod"          // 422: the body is not a pod devmgr can admit
-	reasonRequestChanged      = "RequestChanged"      // 422: an admitted UID with other device requests
-	reasonDevicesUnavailable  = "DevicesUnavailable"  // 409: not enough healthy free devices, or none registered
-	reasonAdmissionInProgress = "AdmissionInProgress" // 409: the same pod is being admitted
-	reasonPluginFailed        = "PluginFailed"        // 502: a plugin call failed
-	reasonPluginUnavailable   = "PluginUnavailable"   // 503: the resource's plugin is gone
-	reasonTimeout             = "Timeout"             // 504
-	reasonNotFound            = "NotFound"            // 404
-	reasonMethodNotAllowed    = "MethodNotAllowed"    // 405
-	reasonInternal            = "Internal"            // 500
+	reasonInvalidPod          = "InvalidPod"            // 422: the body is not a pod devmgr can admit
+	reasonRequestChanged      = "RequestChanged"        // 422: an admitted UID with other device requests
+	reasonDevicesUnavailable  = "DevicesUnavailable"    // 409: not enough healthy free devices, or none registered
+	reasonAdmissionInProgress = "AdmissionInProgress"   // 409: the same pod is being admitted
+	reasonTopologyAffinity    = "TopologyAffinityError" // 409: the topology policy refused the container (the kubelet's reason)
+	reasonPluginFailed        = "PluginFailed"          // 502: a plugin call failed
+	reasonPluginUnavailable   = "PluginUnavailable"     // 503: the resource's plugin is gone
+	reasonTimeout             = "Timeout"               // 504
+	reasonNotFound            = "NotFound"              // 404
+	reasonMethodNotAllowed    = "MethodNotAllowed"      // 405
+	reasonInternal            = "Internal"              // 500
 )
 
 func toStatusResponse(resources []devicemanager.ResourceStatus, mgr managerJSON) statusResponse {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/openkubelet/devmgr/devicemanager"
 	"github.com/openkubelet/devmgr/internal/node"
+	"github.com/openkubelet/devmgr/topology"
 )
 
 // maxPodBytes bounds a request body.
@@ -259,6 +260,8 @@ func admissionError(err error) (int, errorResponse) {
 		errors.Is(err, devicemanager.ErrAllocatedDeviceUnhealthy),
 		errors.Is(err, devicemanager.ErrUnregisteredResource):
 		code, resp.Reason = http.StatusConflict, reasonDevicesUnavailable
+	case errors.Is(err, &topology.AffinityError{}):
+		code, resp.Reason = http.StatusConflict, reasonTopologyAffinity
 	case errors.Is(err, node.ErrAdmissionInProgress):
 		code, resp.Reason = http.StatusConflict, reasonAdmissionInProgress
 	case errors.Is(err, devicemanager.ErrPluginCall):

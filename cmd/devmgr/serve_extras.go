@@ -18,6 +18,7 @@ import (
 	"github.com/openkubelet/devmgr/devicemanager"
 	"github.com/openkubelet/devmgr/internal/node"
 	"github.com/openkubelet/devmgr/podresources"
+	"github.com/openkubelet/devmgr/topology"
 )
 
 // extraOptions are the flags of "devmgr serve" for what surrounds the device
@@ -26,11 +27,13 @@ type extraOptions struct {
 	podresourcesSocket string
 	metricsAddress     string
 	pluginsRegistryDir string
+	topologyPolicy     string
 }
 
 func (o *extraOptions) addFlags(f *pflag.FlagSet) {
 	f.StringVar(&o.podresourcesSocket, "podresources-socket", "", "serve the kubelet's podresources v1 API (List, GetAllocatableResources, Get) for the admitted pods on this unix socket (default: not served; the kubelet uses /var/lib/kubelet/pod-resources/kubelet.sock)")
 	f.StringVar(&o.metricsAddress, "metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, such as 127.0.0.1:9400 (port 0 picks a free port; the bound address is logged; default: not served)")
+	f.StringVar(&o.topologyPolicy, "topology-policy", topology.PolicyNone, "the topology manager policy applied to admissions: none, best-effort, restricted or single-numa-node (hints from the device manager, over --numa-nodes); the chosen NUMA affinity aligns the allocation")
 	f.StringVar(&o.pluginsRegistryDir, "plugins-registry-dir", "", "also accept plugins that register through the pluginregistration protocol in this directory, as the kubelet's /var/lib/kubelet/plugins_registry (default: only kubelet.sock)")
 }
 
@@ -40,6 +43,10 @@ type extraConfig struct {
 	metricsAddress     string
 	pluginsRegistryDir string
 	metrics            *prometheus.Registry
+	// policy is the topology policy; store records its decisions (nil for
+	// the none policy).
+	policy topology.Policy
+	store  *topology.Store
 }
 
 func (o *extraOptions) config(base serveConfig) (extraConfig, error) {
@@ -66,6 +73,18 @@ func (o *extraOptions) config(base serveConfig) (extraConfig, error) {
 		}
 		cfg.pluginsRegistryDir = d
 	}
+	name := o.topologyPolicy
+	if name == "" {
+		name = topology.PolicyNone
+	}
+	policy, err := topology.NewPolicy(name, base.numaNodes)
+	if err != nil {
+		return cfg, fmt.Errorf("--topology-policy: %w", err)
+	}
+	cfg.policy = policy
+	if policy.Name() != topology.PolicyNone {
+		cfg.store = topology.NewStore()
+	}
 	if o.metricsAddress != "" {
 		if _, _, err := net.SplitHostPort(o.metricsAddress); err != nil {
 			return cfg, fmt.Errorf("--metrics-address: %w", err)
@@ -74,6 +93,15 @@ func (o *extraOptions) config(base serveConfig) (extraConfig, error) {
 		cfg.metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	return cfg, nil
+}
+
+// affinityStore returns where the manager reads the chosen NUMA affinities;
+// nil without a topology policy.
+func (c extraConfig) affinityStore() topology.AffinityStore {
+	if c.store == nil {
+		return nil
+	}
+	return c.store
 }
 
 // registerer returns where the manager registers its metrics; nil when

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/openkubelet/devmgr/plugintest"
@@ -116,7 +118,65 @@ func TestServeExtraFlagErrors(t *testing.T) {
 		{[]string{"--podresources-socket", filepath.Join(sockDir, "pr.sock")}, "is in --socket-dir"},
 		{[]string{"--podresources-socket", filepath.Join(dir, strings.Repeat("p", 120))}, "a unix socket path holds at most 107"},
 		{[]string{"--metrics-address", "no-port"}, "--metrics-address"},
+		{[]string{"--topology-policy", "strict"}, `--topology-policy: unknown policy: "strict"`},
 	} {
 		fails(t, nil, append([]string{"serve", "--socket-dir", sockDir, "--control-socket", filepath.Join(dir, "c.sock")}, tc.args...), tc.want)
 	}
+}
+
+// --topology-policy aligns allocations to one NUMA node, and refuses what
+// single-numa-node cannot place, with the kubelet's reason.
+func TestServeTopologyPolicy(t *testing.T) {
+	devs := []*pluginapi.Device{
+		{ID: "a0", Health: pluginapi.Healthy, Topology: numa(0)}, {ID: "a1", Health: pluginapi.Healthy, Topology: numa(0)},
+		{ID: "b0", Health: pluginapi.Healthy, Topology: numa(1)}, {ID: "b1", Health: pluginapi.Healthy, Topology: numa(1)},
+	}
+	for _, tc := range []struct {
+		policy   string
+		want3    bool // a pod asking for 3 devices is admitted
+		sameNode bool // a pod asking for 2 gets them on one node
+	}{
+		{"none", true, false},
+		{"best-effort", true, true},
+		// Two nodes are the narrowest any 3 devices fit in, so {0,1} is a
+		// preferred hint and restricted admits (the kubelet's semantics).
+		{"restricted", true, true},
+		{"single-numa-node", false, true},
+	} {
+		t.Run(tc.policy, func(t *testing.T) {
+			dir := shortTempDir(t)
+			sockDir := filepath.Join(dir, "dp")
+			s := startServe(t, filepath.Join(dir, "ctl.sock"), "--socket-dir", sockDir,
+				"--numa-nodes", "0,1", "--topology-policy", tc.policy)
+			// Take b0 first, so that without alignment the next pod straddles.
+			startPlugin(t, sockDir, devs)
+			c := newAPIClient(t, s.ctl)
+			c.waitStatus("devices", func(st statusResponse) bool { r := st.resource(gpu); return r != nil && r.Allocatable == 4 })
+			first := ok(t, strings.NewReader(gpuPod("p1", 1)), "admit", "--control-socket", s.ctl, "-f", "-", "--json")
+			require.Contains(t, first.stdout, `"a0"`)
+			second := ok(t, strings.NewReader(gpuPod("p2", 2)), "admit", "--control-socket", s.ctl, "-f", "-", "--json")
+			if tc.sameNode {
+				assert.Contains(t, second.stdout, `"b0"`)
+				assert.Contains(t, second.stdout, `"b1"`)
+			}
+			ok(t, nil, "release", "--control-socket", s.ctl, "p2")
+			res := run(t, strings.NewReader(gpuPod("p3", 3)), "admit", "--control-socket", s.ctl, "-f", "-", "--json")
+			if tc.want3 {
+				assert.Equal(t, 0, res.code, res.stdout+res.stderr)
+			} else {
+				assert.NotEqual(t, 0, res.code)
+				assert.Contains(t, res.stdout, "Resources cannot be allocated with Topology locality")
+				assert.Contains(t, res.stdout, `"reason": "TopologyAffinityError"`)
+			}
+		})
+	}
+}
+
+func numa(n int64) *pluginapi.TopologyInfo {
+	return &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: n}}}
+}
+
+func gpuPod(uid string, gpus int) string {
+	return `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"` + uid + `","uid":"` + uid + `"},
+"spec":{"containers":[{"name":"main","resources":{"limits":{"example.com/gpu":"` + strconv.Itoa(gpus) + `"}}}]}}`
 }

@@ -85,12 +85,16 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 		StopGracePeriod:    cfg.stopGracePeriod,
 		Logger:             logger,
 		Registerer:         cfg.registerer(),
+		AffinityStore:      cfg.affinityStore(),
 		PluginsRegistryDir: cfg.pluginsRegistryDir,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("device manager: %w", err)
 	}
 	nd.SetManager(mgr)
+	if cfg.store != nil {
+		nd.SetTopology(cfg.store, cfg.policy, mgr)
+	}
 	// Until the admitted pods are back, the manager must not collect their
 	// devices: its pod sources are not ready.
 	var restored atomic.Bool
@@ -162,7 +166,7 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 		w.run(base, watchInterval)
 	}()
 	logger.Info("Serving", "socketPath", kubeletSocket, "controlSocket", cfg.controlSocket,
-		"checkpointDir", cfg.checkpointDir, "numaNodes", cfg.numaNodes)
+		"checkpointDir", cfg.checkpointDir, "numaNodes", cfg.numaNodes, "topologyPolicy", cfg.policy.Name())
 	return s, nil
 }
 

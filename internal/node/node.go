@@ -78,6 +78,7 @@ type Node struct {
 	// for the manager's garbage collection.
 	admitting map[string]*v1.Pod
 	order     []string // admission order of pods
+	align     *alignment
 }
 
 type entry struct {
@@ -143,7 +144,7 @@ func (n *Node) Admit(ctx context.Context, pod *v1.Pod) (*Admission, error) {
 	mgr := n.mgr
 	n.mu.Unlock()
 
-	a, err := admit(ctx, mgr, pod)
+	a, err := admit(ctx, mgr, n.alignment(), pod)
 	n.mu.Lock()
 	delete(n.admitting, uid)
 	if err == nil {
@@ -154,15 +155,19 @@ func (n *Node) Admit(ctx context.Context, pod *v1.Pod) (*Admission, error) {
 	if err != nil {
 		// The pod is not active any more: collect whatever it got.
 		mgr.UpdateAllocatedDevices()
+		n.alignment().forget(uid)
 		return nil, err
 	}
 	return a, nil
 }
 
-func admit(ctx context.Context, mgr Manager, pod *v1.Pod) (*Admission, error) {
+func admit(ctx context.Context, mgr Manager, align *alignment, pod *v1.Pod) (*Admission, error) {
 	a := &Admission{UID: string(pod.UID), Name: pod.Name, Namespace: pod.Namespace}
 	containers := containersOf(pod)
 	for _, c := range containers {
+		if err := align.admit(pod, c); err != nil {
+			return nil, &AdmitError{Container: c.Name, Err: err}
+		}
 		if err := mgr.Allocate(ctx, pod, c); err != nil {
 			return nil, &AdmitError{Container: c.Name, Err: err}
 		}
@@ -244,6 +249,7 @@ func (n *Node) Release(uid string) bool {
 	n.mu.Unlock()
 	if ok {
 		mgr.UpdateAllocatedDevices()
+		n.alignment().forget(uid)
 	}
 	return ok
 }
