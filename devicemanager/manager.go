@@ -161,6 +161,13 @@ func (m *ManagerImpl) Start(activePods ActivePodsFunc, sourcesReady SourcesReady
 	if err != nil {
 		return fmt.Errorf("failed to listen to socket while starting device plugin registry: %w", err)
 	}
+	// Whatever the umask: whoever can connect can register a plugin, so the
+	// socket is never world-writable (owner and group only, inside a 0750
+	// directory).
+	if err := os.Chmod(m.kubeletSocket, 0o660); err != nil {
+		_ = lis.Close()
+		return fmt.Errorf("set the mode of %s: %w", m.kubeletSocket, err)
+	}
 	// Stop waits for Register handlers too, so none outlives the manager.
 	server := grpc.NewServer(grpc.WaitForHandlers(true))
 	pluginapi.RegisterRegistrationServer(server, &registrationServer{m: m})

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -114,3 +115,26 @@ func TestAllocateAndRunOptions(t *testing.T) {
 var v1ctr = ctr("c", res1, 1)
 
 var _ = errors.New
+
+// The registration socket is never world-writable, whatever the umask; the
+// socket directory is 0750 and the checkpoint 0600.
+func TestPermissions(t *testing.T) {
+	old := syscall.Umask(0)
+	defer syscall.Umask(old)
+	h := newHarness(t)
+	require.NoError(t, os.Remove(h.dir))
+	h.start()
+	info, err := os.Stat(h.dir)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o750), info.Mode().Perm())
+	info, err = os.Stat(h.kubeletSocket())
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o660), info.Mode().Perm())
+	h.registered(res1, devices("d", 1))
+	pod := newPod("p", ctr("app", res1, 1))
+	h.pods.add(pod)
+	require.NoError(t, h.admit(pod))
+	info, err = os.Stat(filepath.Join(h.dir, checkpoint.DeviceManagerKey))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
+}
