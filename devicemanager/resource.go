@@ -29,8 +29,9 @@ type resourceState struct {
 	// devices is the last list any instance reported.
 	devices            map[string]*pluginapi.Device
 	healthy, unhealthy sets.Set[string]
-	// healthySorted caches the sorted healthy IDs for the checkpoint; nil when
-	// stale.
+	// sortedIDs caches the sorted IDs of devices, healthySorted the sorted
+	// healthy ones for the checkpoint; nil when stale.
+	sortedIDs     []string
 	healthySorted []string
 }
 
@@ -67,41 +68,68 @@ func (m *ManagerImpl) resourceLocked(name string) *resourceState {
 }
 
 // sortedHealthy returns the healthy IDs in order; the slice is shared and must
-// not be modified.
+// not be modified. It filters the sorted list of all IDs, which is sorted
+// again only when the set of IDs changes (health flips cost no sort).
 func (r *resourceState) sortedHealthy() []string {
 	if r.healthySorted == nil {
-		r.healthySorted = sets.List(r.healthy)
+		if r.sortedIDs == nil {
+			r.sortedIDs = sets.List(sets.KeySet(r.devices))
+		}
+		out := make([]string, 0, r.healthy.Len())
+		for _, id := range r.sortedIDs {
+			if r.healthy.Has(id) {
+				out = append(out, id)
+			}
+		}
+		r.healthySorted = out
 	}
 	return r.healthySorted
 }
 
-// setDevices replaces the device list with msg's and returns the IDs whose
-// health changed or that are new (the kubelet notifies their owners), and
-// whether the healthy set changed.
+// setDevices replaces the device list with devs and returns, sorted, the IDs
+// whose health changed or that are new (the kubelet notifies their owners),
+// and whether the healthy set changed. It costs one pass over the list; the
+// IDs are sorted again only when their set changed.
 func (r *resourceState) setDevices(devs []*pluginapi.Device) (changed []string, healthyChanged bool) {
 	old := r.devices
-	oldHealthy := r.healthy
-	r.devices = make(map[string]*pluginapi.Device, len(devs))
-	r.healthy = sets.New[string]()
-	r.unhealthy = sets.New[string]()
+	devices := make(map[string]*pluginapi.Device, len(devs))
 	for _, d := range devs {
-		if d == nil {
-			continue
+		if d != nil {
+			devices[d.ID] = d
 		}
-		r.devices[d.ID] = d
 	}
-	for id, d := range r.devices {
-		if prev, ok := old[id]; !ok || prev.Health != d.Health {
+	healthy := make(sets.Set[string], len(devices))
+	unhealthy := sets.New[string]()
+	sameIDs := len(devices) == len(old)
+	for id, d := range devices {
+		prev, ok := old[id]
+		if !ok {
+			sameIDs = false
+		}
+		if !ok || prev.Health != d.Health {
 			changed = append(changed, id)
 		}
 		if d.Health == pluginapi.Healthy {
-			r.healthy.Insert(id)
+			healthy.Insert(id)
 		} else {
-			r.unhealthy.Insert(id)
+			unhealthy.Insert(id)
 		}
 	}
-	healthyChanged = !r.registered || !r.healthy.Equal(oldHealthy)
-	if healthyChanged {
+	// The healthy set changed iff its size did or some device entered or
+	// left it; a device that did either is new or changed health, unless
+	// its plugin was gone (markUnhealthy), which changes the size.
+	healthyChanged = !r.registered || healthy.Len() != r.healthy.Len()
+	for _, id := range changed {
+		if healthyChanged {
+			break
+		}
+		healthyChanged = healthy.Has(id) != r.healthy.Has(id)
+	}
+	r.devices, r.healthy, r.unhealthy = devices, healthy, unhealthy
+	if !sameIDs {
+		r.sortedIDs = nil
+	}
+	if healthyChanged || !sameIDs {
 		r.healthySorted = nil
 	}
 	r.registered = true
