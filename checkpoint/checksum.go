@@ -3,44 +3,29 @@ package checkpoint
 import (
 	"slices"
 	"strconv"
+	"sync"
 )
 
 // The kubelet's checksum is FNV-1a (32 bit) over the text that go-spew prints for
 // the checkpointData value with the configuration of k8s.io/utils/dump.ForHash
 // (%#v, sorted map keys, no methods, no pointer addresses, no capacities).
 // Rendering that text through reflection is the most expensive part of a
-// checkpoint write, so this file prints the same text by hand, straight into the
-// hash, without building it in memory. checksum_test.go proves the two equal
-// with go-spew itself as the reference, on fixtures and under fuzzing.
+// checkpoint write, so this file prints the same text by hand, without
+// reflection, and hashes it. checksum_test.go proves the two equal with go-spew
+// itself as the reference, on fixtures and under fuzzing.
 
 const (
 	fnvOffset32 = 2166136261
 	fnvPrime32  = 16777619
 )
 
-// hasher is an allocation-free FNV-1a 32 state that accepts strings and bytes.
-type hasher uint32
-
-func newHasher() hasher { return fnvOffset32 }
-
-func (h *hasher) str(s string) {
-	v := *h
-	for i := 0; i < len(s); i++ {
-		v ^= hasher(s[i])
-		v *= fnvPrime32
+// fnvUpdate continues an FNV-1a 32 hash in state h over b.
+func fnvUpdate(h uint32, b []byte) uint32 {
+	for _, c := range b {
+		h ^= uint32(c)
+		h *= fnvPrime32
 	}
-	*h = v
-}
-
-func (h *hasher) byte(b byte) {
-	*h = (*h ^ hasher(b)) * fnvPrime32
-}
-
-func (h *hasher) int(n int64) {
-	var buf [20]byte
-	for _, b := range strconv.AppendInt(buf[:0], n, 10) {
-		h.byte(b)
-	}
+	return h
 }
 
 // byteText holds the decimal text of every byte value, for AllocResp.
@@ -51,42 +36,52 @@ var byteText = func() (t [256]string) {
 	return t
 }()
 
-// stringList prints a []string the way spew prints a slice element or map
-// value: "<nil>" or "[a b c]", with the strings raw.
-func (h *hasher) stringList(ids []string) {
+// The text of the hashed document is
+//
+//	docHead E " RegisteredDevices:(map[string][]string)" R "}"
+//
+// where E is "<nil>" or "[" entry texts joined by " " "]".
+const (
+	docHead        = "(checkpoint.checkpointData){PodDeviceEntries:([]checkpoint.PodDevicesEntry)"
+	docRegistered  = " RegisteredDevices:(map[string][]string)"
+	spewNil        = "<nil>"
+	numaTypePrefix = "(checkpoint.DevicesPerNUMA)"
+	listTypePrefix = "([]string)"
+)
+
+// appendStringListText prints a []string the way spew prints a slice element
+// or map value: "<nil>" or "[a b c]", with the strings raw.
+func appendStringListText(b []byte, ids []string) []byte {
 	if ids == nil {
-		h.str("<nil>")
-		return
+		return append(b, spewNil...)
 	}
-	h.byte('[')
+	b = append(b, '[')
 	for i, id := range ids {
 		if i > 0 {
-			h.byte(' ')
+			b = append(b, ' ')
 		}
-		h.str(id)
+		b = append(b, id...)
 	}
-	h.byte(']')
+	return append(b, ']')
 }
 
-func (h *hasher) bytes(b []byte) {
-	if b == nil {
-		h.str("<nil>")
-		return
+func appendBytesText(b []byte, p []byte) []byte {
+	if p == nil {
+		return append(b, spewNil...)
 	}
-	h.byte('[')
-	for i, c := range b {
+	b = append(b, '[')
+	for i, c := range p {
 		if i > 0 {
-			h.byte(' ')
+			b = append(b, ' ')
 		}
-		h.str(byteText[c])
+		b = append(b, byteText[c]...)
 	}
-	h.byte(']')
+	return append(b, ']')
 }
 
-func (h *hasher) numaMap(m DevicesPerNUMA) {
+func appendNUMAText(b []byte, m DevicesPerNUMA) []byte {
 	if m == nil {
-		h.str("<nil>")
-		return
+		return append(b, spewNil...)
 	}
 	var small [8]int64
 	keys := small[:0]
@@ -94,102 +89,112 @@ func (h *hasher) numaMap(m DevicesPerNUMA) {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	h.str("map[")
+	b = append(b, "map["...)
 	for i, k := range keys {
 		if i > 0 {
-			h.byte(' ')
+			b = append(b, ' ')
 		}
-		h.int(k)
-		h.byte(':')
-		h.stringList(m[k])
+		b = strconv.AppendInt(b, k, 10)
+		b = append(b, ':')
+		b = appendStringListText(b, m[k])
 	}
-	h.byte(']')
+	return append(b, ']')
 }
 
-func (h *hasher) registered(m map[string][]string) {
+func appendRegisteredText(b []byte, m map[string][]string) []byte {
 	if m == nil {
-		h.str("<nil>")
-		return
+		return append(b, spewNil...)
 	}
 	keys := make([]string, 0, len(m))
 	for k := range m {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	h.str("map[")
+	b = append(b, "map["...)
 	for i, k := range keys {
 		if i > 0 {
-			h.byte(' ')
+			b = append(b, ' ')
 		}
-		h.str(k)
-		h.byte(':')
-		h.stringList(m[k])
+		b = append(b, k...)
+		b = append(b, ':')
+		b = appendStringListText(b, m[k])
 	}
-	h.byte(']')
+	return append(b, ']')
 }
 
-// entryHead prints an entry up to and including "DeviceIDs:"; the caller prints
-// the device IDs in its layout and then calls entryTail.
-func (h *hasher) entryHead(podUID, containerName, resourceName string) {
-	h.str("{PodUID:(string)")
-	h.str(podUID)
-	h.str(" ContainerName:(string)")
-	h.str(containerName)
-	h.str(" ResourceName:(string)")
-	h.str(resourceName)
-	h.str(" DeviceIDs:")
+// appendEntryHeadText prints an entry up to and including "DeviceIDs:"; the
+// caller prints the device IDs in its layout and then appendEntryTailText.
+func appendEntryHeadText(b []byte, podUID, containerName, resourceName string) []byte {
+	b = append(b, "{PodUID:(string)"...)
+	b = append(b, podUID...)
+	b = append(b, " ContainerName:(string)"...)
+	b = append(b, containerName...)
+	b = append(b, " ResourceName:(string)"...)
+	b = append(b, resourceName...)
+	return append(b, " DeviceIDs:"...)
 }
 
-func (h *hasher) entryTail(allocResp []byte) {
-	h.str(" AllocResp:([]uint8)")
-	h.bytes(allocResp)
-	h.byte('}')
+func appendEntryTailText(b []byte, allocResp []byte) []byte {
+	b = append(b, " AllocResp:([]uint8)"...)
+	b = appendBytesText(b, allocResp)
+	return append(b, '}')
 }
 
-// document prints the whole checkpointData text: n entries (isNil for a nil
+// appendEntryText prints one entry of the current layout.
+func appendEntryText(b []byte, e *PodDevicesEntry) []byte {
+	b = appendEntryHeadText(b, e.PodUID, e.ContainerName, e.ResourceName)
+	b = append(b, numaTypePrefix...)
+	b = appendNUMAText(b, e.DeviceIDs)
+	return appendEntryTailText(b, e.AllocResp)
+}
+
+// appendDocumentText prints the whole document: n entries (isNil: a nil
 // slice), each printed by entry, then the registered devices.
-func (h *hasher) document(isNil bool, n int, entry func(i int), registered map[string][]string) {
-	h.str("(checkpoint.checkpointData){PodDeviceEntries:([]checkpoint.PodDevicesEntry)")
+func appendDocumentText(b []byte, isNil bool, n int, entry func(b []byte, i int) []byte, registered map[string][]string) []byte {
+	b = append(b, docHead...)
 	if isNil {
-		h.str("<nil>")
+		b = append(b, spewNil...)
 	} else {
-		h.byte('[')
+		b = append(b, '[')
 		for i := range n {
 			if i > 0 {
-				h.byte(' ')
+				b = append(b, ' ')
 			}
-			entry(i)
+			b = entry(b, i)
 		}
-		h.byte(']')
+		b = append(b, ']')
 	}
-	h.str(" RegisteredDevices:(map[string][]string)")
-	h.registered(registered)
-	h.byte('}')
+	b = append(b, docRegistered...)
+	b = appendRegisteredText(b, registered)
+	return append(b, '}')
+}
+
+// textBuffers recycles the buffers the whole-document text is printed into.
+var textBuffers = sync.Pool{New: func() any { return new([]byte) }}
+
+func hashDocument(isNil bool, n int, entry func(b []byte, i int) []byte, registered map[string][]string) uint64 {
+	buf := textBuffers.Get().(*[]byte)
+	*buf = appendDocumentText((*buf)[:0], isNil, n, entry, registered)
+	sum := fnvUpdate(fnvOffset32, *buf)
+	textBuffers.Put(buf)
+	return uint64(sum)
 }
 
 // checksumOf returns the kubelet checksum of d.
 func checksumOf(d *checkpointData) uint64 {
-	h := newHasher()
-	h.document(d.PodDeviceEntries == nil, len(d.PodDeviceEntries), func(i int) {
-		e := &d.PodDeviceEntries[i]
-		h.entryHead(e.PodUID, e.ContainerName, e.ResourceName)
-		h.str("(checkpoint.DevicesPerNUMA)")
-		h.numaMap(e.DeviceIDs)
-		h.entryTail(e.AllocResp)
+	return hashDocument(d.PodDeviceEntries == nil, len(d.PodDeviceEntries), func(b []byte, i int) []byte {
+		return appendEntryText(b, &d.PodDeviceEntries[i])
 	}, d.RegisteredDevices)
-	return uint64(h)
 }
 
 // legacyChecksumOf returns the checksum a kubelet before 1.20 computed for d,
 // whose entries held DeviceIDs as a plain []string.
 func legacyChecksumOf(d *legacyCheckpointData) uint64 {
-	h := newHasher()
-	h.document(d.PodDeviceEntries == nil, len(d.PodDeviceEntries), func(i int) {
+	return hashDocument(d.PodDeviceEntries == nil, len(d.PodDeviceEntries), func(b []byte, i int) []byte {
 		e := &d.PodDeviceEntries[i]
-		h.entryHead(e.PodUID, e.ContainerName, e.ResourceName)
-		h.str("([]string)")
-		h.stringList(e.DeviceIDs)
-		h.entryTail(e.AllocResp)
+		b = appendEntryHeadText(b, e.PodUID, e.ContainerName, e.ResourceName)
+		b = append(b, listTypePrefix...)
+		b = appendStringListText(b, e.DeviceIDs)
+		return appendEntryTailText(b, e.AllocResp)
 	}, d.RegisteredDevices)
-	return uint64(h)
 }

@@ -52,6 +52,9 @@ type ManagerImpl struct {
 	// was last written. Guarded by writeMu.
 	writtenGen uint64
 	lastBlob   []byte
+	// encoder writes checkpoints, reusing the encoding of the unchanged
+	// prefix of entries. Guarded by writeMu.
+	encoder checkpoint.Encoder
 
 	// mu guards everything below.
 	mu    sync.Mutex

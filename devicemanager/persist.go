@@ -19,9 +19,12 @@ import (
 // collection or Stop. The same state always gives the same bytes, and a write
 // that would not change the file is skipped.
 
-// snapshotLocked returns the checkpoint of the current state. Expects m.mu held.
-func (m *ManagerImpl) snapshotLocked() *checkpoint.Data {
-	entries, err := m.ledger.ToCheckpoint()
+// snapshotLocked returns the content of the checkpoint for the current state:
+// the ledger's encoded entries and the sorted healthy IDs of each registered
+// resource. Both are immutable; encoding them needs no lock. Expects m.mu
+// held.
+func (m *ManagerImpl) snapshotLocked() ([]*checkpoint.EncodedEntry, map[string][]string) {
+	entries, err := m.ledger.ToEncoded()
 	if err != nil {
 		m.log.Error(err, "Some allocation records cannot be written to the checkpoint")
 	}
@@ -31,7 +34,7 @@ func (m *ManagerImpl) snapshotLocked() *checkpoint.Data {
 			registered[name] = r.sortedHealthy()
 		}
 	}
-	return checkpoint.New(entries, registered)
+	return entries, registered
 }
 
 // persist makes sure the checkpoint on disk reflects at least generation gen
@@ -45,16 +48,12 @@ func (m *ManagerImpl) persist(gen uint64) error {
 		return nil
 	}
 	m.mu.Lock()
-	data := m.snapshotLocked()
+	entries, registered := m.snapshotLocked()
 	current := m.gen
 	m.mu.Unlock()
 
 	start := time.Now()
-	blob, err := data.MarshalCheckpoint()
-	if err != nil {
-		m.metrics.checkpointTotal.WithLabelValues("failed").Inc()
-		return fmt.Errorf("encode checkpoint: %w", err)
-	}
+	blob, checksum := m.encoder.Encode(entries, registered)
 	if bytes.Equal(blob, m.lastBlob) {
 		m.metrics.checkpointTotal.WithLabelValues("unchanged").Inc()
 		m.writtenGen = current
@@ -70,7 +69,7 @@ func (m *ManagerImpl) persist(gen uint64) error {
 	m.metrics.checkpointWrite.Observe(time.Since(start).Seconds())
 	m.metrics.checkpointBytes.Set(float64(len(blob)))
 	m.metrics.checkpointTotal.WithLabelValues("written").Inc()
-	m.log.V(4).Info("Wrote checkpoint", "bytes", len(blob), "checksum", data.Checksum())
+	m.log.V(4).Info("Wrote checkpoint", "bytes", len(blob), "checksum", checksum)
 	m.writtenGen = current
 	m.lastBlob = blob
 	return nil

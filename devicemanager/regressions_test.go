@@ -151,7 +151,10 @@ func TestRegression137534NoDeviceTwiceDuringInflightCall(t *testing.T) {
 	h := newHarness(t).start()
 	p := h.registered(res1, devices("dev", 2))
 	// Hold the first Allocate call (pod a's) until released; others answer.
-	gate := make(chan struct{})
+	// entered is closed once that call is held, so that pod b is admitted
+	// only after it (the order calls are recorded in is not the order
+	// they reach the hook).
+	gate, entered := make(chan struct{}), make(chan struct{})
 	var calls sync.Mutex
 	first := true
 	p.SetAllocateFunc(func(ctx context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
@@ -160,6 +163,7 @@ func TestRegression137534NoDeviceTwiceDuringInflightCall(t *testing.T) {
 		first = false
 		calls.Unlock()
 		if wait {
+			close(entered)
 			select {
 			case <-gate:
 			case <-ctx.Done():
@@ -173,7 +177,11 @@ func TestRegression137534NoDeviceTwiceDuringInflightCall(t *testing.T) {
 	a := newPod("a", ctr("app", res1, 1)) // not in the active list: GC would drop it
 	errA := make(chan error, 1)
 	go func() { errA <- h.admit(a) }()
-	waitCalls(t, p, plugintest.MethodAllocate, 1)
+	select {
+	case <-entered:
+	case <-time.After(waitTimeout):
+		t.Fatal("pod a's Allocate never reached the plugin")
+	}
 
 	h.m.UpdateAllocatedDevices()
 	b := newPod("b", ctr("app", res1, 1))

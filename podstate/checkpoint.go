@@ -17,7 +17,8 @@ import (
 // recordKey names one record.
 type recordKey struct{ pod, container, resource string }
 
-func compareEntryKey(e checkpoint.PodDevicesEntry, k recordKey) int {
+func compareEntryKey(ee *checkpoint.EncodedEntry, k recordKey) int {
+	e := ee.Entry()
 	if c := cmp.Compare(e.PodUID, k.pod); c != 0 {
 		return c
 	}
@@ -40,13 +41,15 @@ func (l *Ledger) track(k recordKey, rec *record) {
 			l.written = slices.Delete(l.written, i, i+1)
 		}
 		return
-	case found:
-		l.written[i].DeviceIDs, l.written[i].AllocResp = rec.numa, rec.wire
-	default:
-		l.written = slices.Insert(l.written, i, checkpoint.PodDevicesEntry{
-			PodUID: k.pod, ContainerName: k.container, ResourceName: k.resource,
-			DeviceIDs: rec.numa, AllocResp: rec.wire,
-		})
+	}
+	enc := checkpoint.EncodeEntry(checkpoint.PodDevicesEntry{
+		PodUID: k.pod, ContainerName: k.container, ResourceName: k.resource,
+		DeviceIDs: rec.numa, AllocResp: rec.wire,
+	})
+	if found {
+		l.written[i] = enc
+	} else {
+		l.written = slices.Insert(l.written, i, enc)
 	}
 	delete(l.unwritable, k)
 }
@@ -69,7 +72,7 @@ func (l *Ledger) untrackPods(uids sets.Set[string]) {
 			delete(l.unwritable, k)
 		}
 	}
-	l.written = slices.DeleteFunc(l.written, func(e checkpoint.PodDevicesEntry) bool { return uids.Has(e.PodUID) })
+	l.written = slices.DeleteFunc(l.written, func(e *checkpoint.EncodedEntry) bool { return uids.Has(e.Entry().PodUID) })
 }
 
 // ToCheckpoint returns one entry per record, sorted by (PodUID,
@@ -90,10 +93,31 @@ func (l *Ledger) untrackPods(uids sets.Set[string]) {
 func (l *Ledger) ToCheckpoint() ([]checkpoint.PodDevicesEntry, error) {
 	var entries []checkpoint.PodDevicesEntry
 	if len(l.written) > 0 {
+		entries = make([]checkpoint.PodDevicesEntry, len(l.written))
+		for i, e := range l.written {
+			entries[i] = e.Entry()
+		}
+	}
+	return entries, l.unwritableErr()
+}
+
+// ToEncoded is ToCheckpoint with each entry already encoded for a
+// checkpoint.Encoder: every record is encoded once, when it is stored, and
+// an unchanged record is the same *EncodedEntry from call to call, so the
+// encoder reuses its encoding. The slice is the caller's; the entries are
+// immutable.
+func (l *Ledger) ToEncoded() ([]*checkpoint.EncodedEntry, error) {
+	var entries []*checkpoint.EncodedEntry
+	if len(l.written) > 0 {
 		entries = slices.Clone(l.written)
 	}
+	return entries, l.unwritableErr()
+}
+
+// unwritableErr names, in key order, the records left out of the checkpoint.
+func (l *Ledger) unwritableErr() error {
 	if len(l.unwritable) == 0 {
-		return entries, nil
+		return nil
 	}
 	keys := slices.SortedFunc(maps.Keys(l.unwritable), func(a, b recordKey) int {
 		return cmp.Or(cmp.Compare(a.pod, b.pod), cmp.Compare(a.container, b.container), cmp.Compare(a.resource, b.resource))
@@ -103,7 +127,7 @@ func (l *Ledger) ToCheckpoint() ([]checkpoint.PodDevicesEntry, error) {
 		errs = append(errs, fmt.Errorf("pod %q container %q resource %q not checkpointed: %w",
 			k.pod, k.container, k.resource, l.unwritable[k]))
 	}
-	return entries, errors.Join(errs...)
+	return errors.Join(errs...)
 }
 
 func (r *record) checkpointable() error {

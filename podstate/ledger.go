@@ -32,7 +32,7 @@ type Ledger struct {
 	// written, sorted by (pod, container, resource) and kept so on every
 	// change, so that ToCheckpoint is a copy. unwritable says why each other
 	// record is left out.
-	written    []checkpoint.PodDevicesEntry
+	written    []*checkpoint.EncodedEntry
 	unwritable map[recordKey]error
 }
 

@@ -1,6 +1,7 @@
 package podstate
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -167,10 +168,17 @@ func checkInvariants(t *testing.T, l *Ledger, resources []string, where string) 
 		}
 	}
 	slices.SortFunc(wantWritten, func(a, b checkpoint.PodDevicesEntry) int {
-		return compareEntryKey(a, recordKey{b.PodUID, b.ContainerName, b.ResourceName})
+		return cmp.Or(cmp.Compare(a.PodUID, b.PodUID), cmp.Compare(a.ContainerName, b.ContainerName),
+			cmp.Compare(a.ResourceName, b.ResourceName))
 	})
 	entries, err := l.ToCheckpoint()
 	require.Equal(t, wantWritten, entries, "%s: checkpoint entries", where)
+	encoded, encErr := l.ToEncoded()
+	require.Len(t, encoded, len(entries), where)
+	for i, e := range encoded {
+		require.Equal(t, entries[i], e.Entry(), "%s: encoded entry %d", where, i)
+	}
+	require.Equal(t, err == nil, encErr == nil, where)
 	require.Len(t, l.unwritable, len(wantUnwritable), where)
 	for k := range wantUnwritable {
 		require.ErrorIs(t, l.unwritable[k], ErrNoResponse, where)

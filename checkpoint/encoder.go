@@ -1,0 +1,144 @@
+package checkpoint
+
+import (
+	"strconv"
+)
+
+// EncodedEntry is an allocation record with its two encodings, computed once:
+// the JSON object of the file and the text the checksum hashes. It is
+// immutable; a ledger that keeps one per record lets an Encoder write a
+// checkpoint without encoding unchanged records again.
+type EncodedEntry struct {
+	entry PodDevicesEntry
+	json  []byte
+	text  []byte
+}
+
+// EncodeEntry encodes e. e's maps and slices are kept, not copied: they must
+// not be modified afterwards.
+func EncodeEntry(e PodDevicesEntry) *EncodedEntry {
+	json := appendEntryHead(nil, e.PodUID, e.ContainerName, e.ResourceName)
+	json = appendNUMA(json, e.DeviceIDs)
+	json = appendEntryTail(json, e.AllocResp)
+	return &EncodedEntry{entry: e, json: json, text: appendEntryText(nil, &e)}
+}
+
+// Entry returns the record.
+func (e *EncodedEntry) Entry() PodDevicesEntry { return e.entry }
+
+// Encoder writes checkpoint documents from encoded entries, byte for byte
+// what New(entries, registered).MarshalCheckpoint writes, and remembers the
+// last document: the next one is hashed and assembled only from the first
+// entry that differs (compared by identity), the rest being reused. A ledger
+// that keeps its entries sorted and appends new records at the end pays for
+// the new record and the registered devices only; an insertion in the middle
+// costs the entries after it.
+//
+// The FNV-1a state after each entry is what makes this possible: the
+// kubelet's checksum is a hash over the whole text, so a change can only be
+// hashed from the state just before it.
+//
+// An Encoder is not safe for concurrent use.
+type Encoder struct {
+	prev    []*EncodedEntry
+	prevNil bool
+	// states[i] is the hash state before entry i (before its separator);
+	// states[len(prev)] the state after the last one.
+	states []uint32
+	// offsets[i] is where entry i (with its separating comma) starts in
+	// blob; offsets[len(prev)] where the entries end.
+	offsets []int
+	blob    []byte
+	valid   bool
+}
+
+// Encode returns the checkpoint document of entries (in the order given; nil
+// and empty differ, as in New) and registered, and its checksum.
+func (c *Encoder) Encode(entries []*EncodedEntry, registered map[string][]string) ([]byte, uint64) {
+	isNil := entries == nil
+	k := 0
+	if c.valid && isNil == c.prevNil {
+		for k < len(entries) && k < len(c.prev) && entries[k] == c.prev[k] {
+			k++
+		}
+	}
+	if !c.valid || isNil != c.prevNil {
+		k = 0
+		c.states = c.states[:0]
+		c.offsets = c.offsets[:0]
+	} else {
+		c.states = c.states[:k+1]
+		c.offsets = c.offsets[:k+1]
+	}
+
+	// The text: state before entry k, then the entries from k on.
+	var h uint32
+	if len(c.states) == 0 {
+		h = fnvUpdate(fnvOffset32, []byte(docHead))
+		if isNil {
+			h = fnvUpdate(h, []byte(spewNil))
+		} else {
+			h = fnvUpdate(h, []byte{'['})
+		}
+		c.states = append(c.states, h)
+	} else {
+		h = c.states[k]
+	}
+	for i := k; i < len(entries); i++ {
+		if i > 0 {
+			h = fnvUpdate(h, []byte{' '})
+		}
+		h = fnvUpdate(h, entries[i].text)
+		c.states = append(c.states, h)
+	}
+	tail := make([]byte, 0, 64+sizeHint(registered))
+	if !isNil {
+		tail = append(tail, ']')
+	}
+	tail = append(tail, docRegistered...)
+	tail = appendRegisteredText(tail, registered)
+	tail = append(tail, '}')
+	sum := uint64(fnvUpdate(h, tail))
+
+	// The JSON: the bytes of the unchanged entries, then the rest.
+	size := 0
+	for i := k; i < len(entries); i++ {
+		size += len(entries[i].json) + 1
+	}
+	var blob []byte
+	if len(c.offsets) == 0 {
+		blob = make([]byte, 0, 64+size+sizeHint(registered))
+		blob = append(blob, `{"Data":{"PodDeviceEntries":`...)
+		if isNil {
+			blob = append(blob, "null"...)
+		} else {
+			blob = append(blob, '[')
+		}
+		c.offsets = append(c.offsets, len(blob))
+	} else {
+		start := c.offsets[k]
+		blob = make([]byte, start, start+64+size+sizeHint(registered))
+		copy(blob, c.blob[:start])
+	}
+	for i := k; i < len(entries); i++ {
+		if i > 0 {
+			blob = append(blob, ',')
+		}
+		blob = append(blob, entries[i].json...)
+		c.offsets = append(c.offsets, len(blob))
+	}
+	if !isNil {
+		blob = append(blob, ']')
+	}
+	blob = append(blob, `,"RegisteredDevices":`...)
+	blob = appendRegistered(blob, registered)
+	blob = append(blob, `},"Checksum":`...)
+	blob = strconv.AppendUint(blob, sum, 10)
+	blob = append(blob, '}')
+
+	c.prev = append(c.prev[:0], entries...)
+	c.prevNil = isNil
+	c.blob = blob
+	c.valid = true
+	return blob, sum
+}

@@ -1,0 +1,115 @@
+package checkpoint
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+func encodeAll(entries []PodDevicesEntry) []*EncodedEntry {
+	if entries == nil {
+		return nil
+	}
+	out := make([]*EncodedEntry, len(entries))
+	for i, e := range entries {
+		out[i] = EncodeEntry(e)
+	}
+	return out
+}
+
+func entriesOf(enc []*EncodedEntry) []PodDevicesEntry {
+	if enc == nil {
+		return nil
+	}
+	out := make([]PodDevicesEntry, len(enc))
+	for i, e := range enc {
+		out[i] = e.Entry()
+	}
+	return out
+}
+
+// checkEncode compares one Encode with a fresh Data's MarshalCheckpoint.
+func checkEncode(t *testing.T, c *Encoder, enc []*EncodedEntry, registered map[string][]string, what string) {
+	t.Helper()
+	got, sum := c.Encode(enc, registered)
+	d := New(entriesOf(enc), registered)
+	want, err := d.MarshalCheckpoint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != string(want) || sum != d.Checksum() {
+		t.Fatalf("%s:\n got %s (%d)\nwant %s (%d)", what, got, sum, want, d.Checksum())
+	}
+}
+
+// An Encoder reused across any sequence of edits writes exactly what a fresh
+// Data writes, for each document.
+func TestEncoderMatchesMarshalCheckpoint(t *testing.T) {
+	g := newGen(5, 6)
+	r := rand.New(rand.NewPCG(7, 8))
+	for run := range 200 {
+		var c Encoder
+		d := g.data()
+		enc := encodeAll(d.PodDeviceEntries)
+		for step := range 30 {
+			switch op := r.IntN(8); {
+			case op < 3 && enc != nil: // insert somewhere
+				e := EncodeEntry(PodDevicesEntry{PodUID: g.str(), ContainerName: g.str(), ResourceName: g.str(),
+					DeviceIDs: g.numa(), AllocResp: g.bytes()})
+				i := r.IntN(len(enc) + 1)
+				enc = append(enc[:i:i], append([]*EncodedEntry{e}, enc[i:]...)...)
+			case op == 3 && len(enc) > 0: // delete
+				i := r.IntN(len(enc))
+				enc = append(enc[:i:i], enc[i+1:]...)
+			case op == 4 && len(enc) > 0: // replace
+				i := r.IntN(len(enc))
+				enc = append([]*EncodedEntry(nil), enc...)
+				enc[i] = EncodeEntry(PodDevicesEntry{PodUID: g.str(), DeviceIDs: g.numa(), AllocResp: g.bytes()})
+			case op == 5: // registered devices change
+				d.RegisteredDevices = g.registered()
+			case op == 6: // nil <-> empty
+				if enc == nil {
+					enc = []*EncodedEntry{}
+				} else if len(enc) == 0 {
+					enc = nil
+				}
+			}
+			checkEncode(t, &c, enc, d.RegisteredDevices, fmt.Sprintf("run %d step %d", run, step))
+		}
+	}
+}
+
+func TestEncoderKubeletSample(t *testing.T) {
+	var c Encoder
+	enc := encodeAll(sampleEntries())
+	got, sum := c.Encode(enc, sampleRegistered())
+	if string(got) != string(readFixture(t, "sample", DeviceManagerKey)) || sum != 648430460 {
+		t.Fatalf("got %s (%d)", got, sum)
+	}
+	if got, _ := c.Encode(nil, map[string][]string{}); string(got) != string(readFixture(t, "empty", DeviceManagerKey)) {
+		t.Fatalf("empty: %s", got)
+	}
+}
+
+// BenchmarkEncoderAppend is a ledger's admission: one entry more, at the end,
+// on 1,000; BenchmarkEncoderInsertMiddle puts it in the middle.
+func BenchmarkEncoderAppend(b *testing.B) { benchEncoder(b, func(n int) int { return n }) }
+
+func BenchmarkEncoderInsertMiddle(b *testing.B) { benchEncoder(b, func(n int) int { return n / 2 }) }
+
+func benchEncoder(b *testing.B, at func(n int) int) {
+	entries, registered := benchData(1000)
+	enc := encodeAll(entries)
+	extra := EncodeEntry(entries[0])
+	var c Encoder
+	c.Encode(enc, registered)
+	with := append(append(append([]*EncodedEntry(nil), enc[:at(len(enc))]...), extra), enc[at(len(enc)):]...)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if i%2 == 0 {
+			c.Encode(with, registered)
+		} else {
+			c.Encode(enc, registered)
+		}
+	}
+}
