@@ -59,6 +59,7 @@ func (m *ManagerImpl) collectResourcesLocked(names []string) {
 		r.healthy = sets.New[string]()
 		r.unhealthy = sets.New[string]()
 		r.healthySorted = nil
+		r.census = nil
 	}
 }
 

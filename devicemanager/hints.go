@@ -60,12 +60,5 @@ func (m *ManagerImpl) hintsLocked(res string, request int, held, reusable sets.S
 	if r == nil || len(m.opts.NUMANodes) == 0 {
 		return nil
 	}
-	return topology.ResourceHints(topology.HintRequest{
-		MachineNodes: m.opts.NUMANodes,
-		Devices:      r.devices,
-		Available:    m.availableLocked(r),
-		Reusable:     reusable,
-		Held:         held,
-		Request:      request,
-	})
+	return m.censusLocked(r).Hints(m.opts.NUMANodes, reusable, held, request)
 }

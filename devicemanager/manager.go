@@ -110,6 +110,7 @@ func NewManagerImpl(opts Options) (*ManagerImpl, error) {
 		activePods:    func() []*v1.Pod { return nil },
 		sourcesReady:  alwaysReady{},
 	}
+	m.ledger.OnAllocated = m.allocatedChanged
 	if m.metrics, err = newMetrics(m, opts.Registerer); err != nil {
 		cancel()
 		return nil, fmt.Errorf("register metrics: %w", err)

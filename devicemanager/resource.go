@@ -7,6 +7,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/openkubelet/devmgr/endpoint"
+	"github.com/openkubelet/devmgr/topology"
 )
 
 // resourceState is everything the manager knows about one resource: its plugin
@@ -33,6 +34,10 @@ type resourceState struct {
 	// healthy ones for the checkpoint; nil when stale.
 	sortedIDs     []string
 	healthySorted []string
+	// census counts the devices per NUMA node set for topology hints; nil
+	// when stale (built on the next request, then kept up to date as
+	// devices are allocated and released).
+	census *topology.Census
 }
 
 // instance is one connected plugin instance; seq orders registrations.
@@ -126,6 +131,7 @@ func (r *resourceState) setDevices(devs []*pluginapi.Device) (changed []string, 
 		healthyChanged = healthy.Has(id) != r.healthy.Has(id)
 	}
 	r.devices, r.healthy, r.unhealthy = devices, healthy, unhealthy
+	r.census = nil
 	if !sameIDs {
 		r.sortedIDs = nil
 	}
@@ -147,6 +153,7 @@ func (r *resourceState) markUnhealthy() {
 	r.unhealthy = r.unhealthy.Union(r.healthy)
 	r.healthy = sets.New[string]()
 	r.healthySorted = nil
+	r.census = nil
 }
 
 // availableLocked returns the healthy devices of r that no record or
@@ -159,4 +166,23 @@ func (m *ManagerImpl) availableLocked(r *resourceState) sets.Set[string] {
 		}
 	}
 	return available
+}
+
+// allocatedChanged keeps the census of the device's resource up to date when
+// the ledger allocates or frees a device. Called by the ledger, with m.mu
+// held.
+func (m *ManagerImpl) allocatedChanged(resource, id string, allocated bool) {
+	if r := m.resources[resource]; r != nil && r.census != nil && r.healthy.Has(id) {
+		r.census.SetAvailable(id, !allocated)
+	}
+}
+
+// censusLocked returns r's census, building it if stale. Expects m.mu held.
+func (m *ManagerImpl) censusLocked(r *resourceState) *topology.Census {
+	if r.census == nil {
+		r.census = topology.NewCensus(r.devices, func(id string) bool {
+			return r.healthy.Has(id) && !m.ledger.IsAllocated(r.name, id)
+		})
+	}
+	return r.census
 }

@@ -31,6 +31,9 @@ func (l *Ledger) entry(resource, id string, create bool) *holders {
 	if h == nil && create {
 		h = &holders{}
 		devs[id] = h
+		if l.OnAllocated != nil {
+			l.OnAllocated(resource, id, true)
+		}
 	}
 	return h
 }
@@ -44,6 +47,9 @@ func (l *Ledger) drop(resource, id string, h *holders) {
 	delete(devs, id)
 	if len(devs) == 0 {
 		delete(l.index, resource)
+	}
+	if l.OnAllocated != nil {
+		l.OnAllocated(resource, id, false)
 	}
 }
 

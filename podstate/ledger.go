@@ -34,6 +34,12 @@ type Ledger struct {
 	// record is left out.
 	written    []*checkpoint.EncodedEntry
 	unwritable map[recordKey]error
+
+	// OnAllocated, when set, is called whenever a device becomes allocated
+	// (a record or a reservation holds it) or free again (nothing does),
+	// within the call that changed it: what IsAllocated reports flipped.
+	// It lets a caller keep counts of free devices without scanning.
+	OnAllocated func(resource, id string, allocated bool)
 }
 
 // record is one (pod, container, resource) allocation. It is never modified

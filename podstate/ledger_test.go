@@ -228,3 +228,31 @@ func TestDevicesIncludesRecordsWithoutResponse(t *testing.T) {
 	assert.Equal(t, map[string]sets.Set[string]{res1: sets.New("a"), res2: sets.New[string]()}, l.Devices())
 	assert.True(t, proto.Equal(newResp(), l.pods["pod"]["ctr"][res2].resp))
 }
+
+// OnAllocated reports every flip of IsAllocated, and only flips.
+func TestOnAllocatedReportsFlips(t *testing.T) {
+	l := NewLedger()
+	type flip struct {
+		res, id   string
+		allocated bool
+	}
+	var got []flip
+	l.OnAllocated = func(res, id string, allocated bool) {
+		got = append(got, flip{res, id, allocated})
+		assert.Equal(t, allocated, l.IsAllocated(res, id), "called once the state changed")
+	}
+	rid, err := l.Reserve("p", "c", res1, []string{"a", "b"})
+	require.NoError(t, err)
+	require.NoError(t, l.Commit(rid, nil, newResp()))                            // a reservation becomes a record: no flip
+	l.Insert("p", "init", res1, checkpoint.DevicesPerNUMA{-1: {"a"}}, newResp()) // held twice: no flip
+	l.DeleteContainerResources("p", "c", res1)                                   // b freed, a still held
+	l.DeletePods("p")                                                            // a freed
+	rid, err = l.Reserve("q", "c", res2, []string{"a"})
+	require.NoError(t, err)
+	l.Rollback(rid)
+	assert.Equal(t, []flip{
+		{res1, "a", true}, {res1, "b", true},
+		{res1, "b", false}, {res1, "a", false},
+		{res2, "a", true}, {res2, "a", false},
+	}, got)
+}

@@ -94,7 +94,11 @@ func Aware(devices map[string]*pluginapi.Device) bool {
 // nodes and s signatures, whatever the number of devices.
 func GenerateHints(machineNodes []int, devices map[string]*pluginapi.Device,
 	available, reusable sets.Set[string], request int) []Hint {
-	t := tallyDevices(devices, available, reusable)
+	return hintsFromTally(machineNodes, tallyDevices(devices, available, reusable), request)
+}
+
+// hintsFromTally is GenerateHints once the devices are counted.
+func hintsFromTally(machineNodes []int, t *tally, request int) []Hint {
 	if t.rejectAll {
 		return []Hint{}
 	}
@@ -225,17 +229,20 @@ func tallyDevices(devices map[string]*pluginapi.Device, available, reusable sets
 
 // slot returns the counters of sig (not empty), adding them if new. The
 // pointer is valid until the next call.
-func (t *tally) slot(sig BitMask) *sigCount {
+func (t *tally) slot(sig BitMask) *sigCount { return &t.slots[t.slotIndex(sig)] }
+
+// slotIndex returns the index of sig's slot in t.slots, adding one if needed.
+func (t *tally) slotIndex(sig BitMask) int {
 	if sig&(sig-1) == 0 {
 		n := bits.TrailingZeros64(uint64(sig))
 		if i := t.single[n]; i != 0 {
-			return &t.slots[i-1]
+			return int(i - 1)
 		}
 		t.slots = append(t.slots, sigCount{sig: sig})
 		t.single[n] = int32(len(t.slots))
 	} else {
 		if i, ok := t.multi[sig]; ok {
-			return &t.slots[i]
+			return i
 		}
 		if t.multi == nil {
 			t.multi = make(map[BitMask]int)
@@ -244,7 +251,7 @@ func (t *tally) slot(sig BitMask) *sigCount {
 		t.multi[sig] = len(t.slots) - 1
 	}
 	t.nodes |= sig
-	return &t.slots[len(t.slots)-1]
+	return len(t.slots) - 1
 }
 
 // signature returns the mask of d's NUMA node ids that lie in 0..63, and

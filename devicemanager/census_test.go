@@ -1,0 +1,69 @@
+package devicemanager
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/openkubelet/devmgr/topology"
+)
+
+// The census behind GetTopologyHints, kept up to date as devices are
+// allocated, released and change health, answers what a computation from
+// scratch answers.
+func TestHintsCensusStaysExact(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.NUMANodes = []int{0, 1, 2} }).start()
+	var devs []*pluginapi.Device
+	for i := range 12 {
+		devs = append(devs, dev(fmt.Sprintf("d%02d", i), pluginapi.Healthy, int64(i%3)))
+	}
+	p := h.registered(res1, devs)
+	rng := rand.New(rand.NewPCG(1, 2))
+	var live []string
+	for step := range 60 {
+		switch k := rng.IntN(10); {
+		case k < 5: // admit
+			uid := fmt.Sprintf("p%d", step)
+			pod := newPod(uid, ctr("app", res1, 1+rng.IntN(2)))
+			h.pods.add(pod)
+			if h.admit(pod) == nil {
+				live = append(live, uid)
+			}
+		case k < 8 && len(live) > 0: // release
+			i := rng.IntN(len(live))
+			h.pods.remove(types.UID(live[i]))
+			live = append(live[:i], live[i+1:]...)
+			h.m.UpdateAllocatedDevices()
+		default: // health flip
+			for _, d := range devs {
+				if rng.IntN(4) == 0 {
+					if d.Health == pluginapi.Healthy {
+						d.Health = pluginapi.Unhealthy
+					} else {
+						d.Health = pluginapi.Healthy
+					}
+				}
+			}
+			p.Update(devs)
+			want := countHealthy(devs)
+			h.eventually(func() bool { _, a := h.capacity(res1); return a == int64(want) }, "update applied")
+		}
+		for request := 1; request <= 3; request++ {
+			pod := newPod("probe", ctr("app", res1, request))
+			got := h.m.GetTopologyHints(pod, &pod.Spec.Containers[0])[res1]
+			h.m.mu.Lock()
+			r := h.m.resources[res1]
+			want := topology.ResourceHints(topology.HintRequest{
+				MachineNodes: h.opts.NUMANodes, Devices: r.devices, Available: h.m.availableLocked(r),
+				Reusable: sets.New[string](), Request: request,
+			})
+			h.m.mu.Unlock()
+			require.Equal(t, want, got, "step %d request %d", step, request)
+		}
+	}
+}
