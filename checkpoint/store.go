@@ -119,18 +119,18 @@ func (s *fileStore) writeLocked(key string, blob []byte) (err error) {
 			}
 		}
 	}()
+	// The os errors below name the file and the operation already.
 	if _, err := f.Write(blob); err != nil {
-		return errors.Join(fmt.Errorf("write %s: %w", tmp, err), f.Close())
+		return errors.Join(fmt.Errorf("write checkpoint: %w", err), f.Close())
 	}
 	if err := f.Sync(); err != nil {
-		return errors.Join(fmt.Errorf("sync %s: %w", tmp, err), f.Close())
+		return errors.Join(fmt.Errorf("write checkpoint: %w", err), f.Close())
 	}
 	if err := f.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", tmp, err)
+		return fmt.Errorf("write checkpoint: %w", err)
 	}
-	target := s.path(key)
-	if err := s.fs.Rename(tmp, target); err != nil {
-		return fmt.Errorf("rename %s to %s: %w", tmp, target, err)
+	if err := s.fs.Rename(tmp, s.path(key)); err != nil {
+		return fmt.Errorf("write checkpoint: %w", err)
 	}
 	// The rename is done: from here on the temporary file no longer exists and
 	// the checkpoint holds the new content; only its durability is in doubt.
@@ -148,6 +148,10 @@ func (s *fileStore) GetCheckpoint(key string, cp Checkpoint) error {
 	s.mu.Lock()
 	blob, err := s.fs.ReadFile(p)
 	s.mu.Unlock()
+	var notRegular *notRegularError
+	if errors.As(err, &notRegular) {
+		return &DecodeError{Path: p, Err: err}
+	}
 	if errors.Is(err, fs.ErrNotExist) {
 		return ErrNotFound
 	}
@@ -220,9 +224,31 @@ func (osFileSystem) MkdirAll(dir string, perm os.FileMode) error { return os.Mkd
 func (osFileSystem) CreateTemp(dir, pattern string) (tempFile, error) {
 	return os.CreateTemp(dir, pattern)
 }
-func (osFileSystem) Rename(from, to string) error              { return os.Rename(from, to) }
-func (osFileSystem) Remove(name string) error                  { return os.Remove(name) }
-func (osFileSystem) ReadFile(name string) ([]byte, error)      { return os.ReadFile(name) }
+func (osFileSystem) Rename(from, to string) error { return os.Rename(from, to) }
+func (osFileSystem) Remove(name string) error     { return os.Remove(name) }
+
+// ReadFile reads a regular file only: a FIFO, a device or a directory in the
+// checkpoint's place is refused at once (reading a FIFO would block).
+func (osFileSystem) ReadFile(name string) ([]byte, error) {
+	info, err := os.Stat(name)
+	if err != nil {
+		return nil, err
+	}
+	if !info.Mode().IsRegular() {
+		return nil, &notRegularError{path: name, mode: info.Mode()}
+	}
+	return os.ReadFile(name)
+}
+
+// notRegularError reports a checkpoint path that holds no regular file.
+type notRegularError struct {
+	path string
+	mode fs.FileMode
+}
+
+func (e *notRegularError) Error() string {
+	return fmt.Sprintf("%s is not a regular file (mode %s)", e.path, e.mode)
+}
 func (osFileSystem) ReadDir(dir string) ([]os.DirEntry, error) { return os.ReadDir(dir) }
 
 func (osFileSystem) SyncDir(dir string) error {
@@ -231,4 +257,33 @@ func (osFileSystem) SyncDir(dir string) error {
 		return err
 	}
 	return errors.Join(d.Sync(), d.Close())
+}
+
+// RemoveTempFiles removes the temporary files that writes interrupted by a
+// crash left in dir (regular files named "." followed by digits, as the store
+// creates them) and returns how many it removed. Call it only while nothing
+// writes checkpoints in dir, as the device manager does at start.
+func RemoveTempFiles(dir string) (int, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	removed := 0
+	var errs []error
+	for _, e := range entries {
+		name := e.Name()
+		if !e.Type().IsRegular() || len(name) < 2 || !strings.HasPrefix(name, tempPrefix) ||
+			strings.Trim(name[1:], "0123456789") != "" {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+			continue
+		}
+		removed++
+	}
+	return removed, errors.Join(errs...)
 }

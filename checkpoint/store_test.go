@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -290,4 +291,40 @@ func TestRemoveError(t *testing.T) {
 
 func TestSyncDirOfMissingDir(t *testing.T) {
 	assert.Error(t, osFileSystem{}.SyncDir(filepath.Join(t.TempDir(), "missing")))
+}
+
+// A FIFO in the checkpoint's place is refused at once (reading it would
+// block forever), as a file that does not decode.
+func TestGetCheckpointRefusesNonRegularFile(t *testing.T) {
+	s, dir := newTestStore(t)
+	require.NoError(t, syscall.Mkfifo(filepath.Join(dir, DeviceManagerKey), 0o600))
+	err := s.GetCheckpoint(DeviceManagerKey, New(nil, nil))
+	var de *DecodeError
+	require.ErrorAs(t, err, &de)
+	assert.Contains(t, err.Error(), "is not a regular file")
+}
+
+func TestRemoveTempFiles(t *testing.T) {
+	s, dir := newTestStore(t)
+	require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, New(nil, nil)))
+	for _, name := range []string{".123", ".4567", ".abc", ".1x", "123"} {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), nil, 0o600))
+	}
+	require.NoError(t, os.Mkdir(filepath.Join(dir, ".890"), 0o755))
+	n, err := RemoveTempFiles(dir)
+	require.NoError(t, err)
+	assert.Equal(t, 2, n)
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	assert.Equal(t, []string{".1x", ".890", ".abc", "123", DeviceManagerKey}, names)
+
+	n, err = RemoveTempFiles(filepath.Join(dir, "missing"))
+	require.NoError(t, err)
+	assert.Zero(t, n)
+	_, err = RemoveTempFiles(filepath.Join(dir, "123"))
+	assert.Error(t, err, "not a directory")
 }

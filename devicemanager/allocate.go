@@ -2,11 +2,12 @@ package devicemanager
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
+	"unicode/utf8"
 
+	"github.com/go-logr/logr"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/klog/v2"
@@ -31,8 +32,8 @@ import (
 // are ignored (administrators advertise such resources by hand), unless
 // Options.RequirePlugin names them.
 func (m *ManagerImpl) Allocate(ctx context.Context, pod *v1.Pod, container *v1.Container) error {
-	if pod == nil || container == nil {
-		return errors.New("allocate: pod and container must not be nil")
+	if err := checkRequest(pod, container); err != nil {
+		return err
 	}
 	podUID := string(pod.UID)
 	m.mu.Lock()
@@ -70,6 +71,22 @@ func (m *ManagerImpl) Allocate(ctx context.Context, pod *v1.Pod, container *v1.C
 		m.ledger.AddContainerDevices(podUID, container.Name, pool)
 	} else {
 		m.ledger.RemoveContainerDevices(podUID, container.Name, pool)
+	}
+	return nil
+}
+
+// checkRequest refuses what the manager cannot record: no pod or container,
+// or a pod UID or container name that is not UTF-8 (JSON, hence the
+// checkpoint, cannot carry it: the file would not verify on the next start).
+func checkRequest(pod *v1.Pod, container *v1.Container) error {
+	switch {
+	case pod == nil || container == nil:
+		return &admissionError{msg: "pod and container must not be nil", sentinel: ErrInvalidRequest}
+	case !utf8.ValidString(string(pod.UID)) || !utf8.ValidString(container.Name):
+		return &admissionError{
+			msg:      fmt.Sprintf("pod UID %q and container name %q must be valid UTF-8", pod.UID, container.Name),
+			sentinel: ErrInvalidRequest,
+		}
 	}
 	return nil
 }
@@ -114,9 +131,9 @@ type allocated struct {
 // container, resource by resource in name order, then records them together.
 func (m *ManagerImpl) allocateContainerResources(ctx context.Context, pod *v1.Pod, container *v1.Container) error {
 	podUID := string(pod.UID)
-	log := klog.FromContext(ctx)
-	if log.GetSink() == nil {
-		log = m.log
+	log, err := logr.FromContext(ctx)
+	if err != nil {
+		log = m.log // the caller's logger when it gave one, else the manager's
 	}
 	log = log.WithValues(keyPod, klog.KObj(pod), keyPodUID, podUID, keyContainer, container.Name)
 
@@ -125,6 +142,7 @@ func (m *ManagerImpl) allocateContainerResources(ctx context.Context, pod *v1.Po
 		m.mu.Lock()
 		for _, a := range done {
 			m.ledger.Rollback(a.rid)
+			m.inflightDoneLocked(a.rid)
 		}
 		m.mu.Unlock()
 	}
@@ -168,6 +186,7 @@ func (m *ManagerImpl) allocateContainerResources(ctx context.Context, pod *v1.Po
 		if r := m.resources[a.resource]; r != nil {
 			devs = r.devices
 		}
+		m.inflightDoneLocked(a.rid)
 		if err := m.ledger.Commit(a.rid, devs, a.resp); err != nil {
 			// Cannot happen: nothing but this call commits or rolls back its
 			// reservations.
@@ -177,6 +196,8 @@ func (m *ManagerImpl) allocateContainerResources(ctx context.Context, pod *v1.Po
 	}
 	m.gen++
 	gen := m.gen
+	m.commitSeq++
+	m.lastCommit[podUID] = m.commitSeq
 	m.mu.Unlock()
 
 	if err := m.persist(gen); err != nil {
@@ -184,7 +205,10 @@ func (m *ManagerImpl) allocateContainerResources(ctx context.Context, pod *v1.Po
 		m.ledger.DeleteContainerResources(podUID, container.Name, resources...)
 		m.gen++
 		m.mu.Unlock()
-		return fmt.Errorf("failed to write checkpoint, allocation of %v undone: %w", resources, err)
+		return &admissionError{
+			msg:      fmt.Sprintf("failed to write checkpoint, allocation of %v undone: %v", resources, err),
+			sentinel: ErrCheckpoint, cause: err,
+		}
 	}
 	return nil
 }
@@ -234,6 +258,9 @@ func (m *ManagerImpl) allocateResource(ctx context.Context, log klog.Logger, pod
 		return nil, err
 	}
 	rid, err := m.ledger.Reserve(podUID, container, name, ids)
+	if err == nil {
+		m.inflightRPCs[rid] = time.Now()
+	}
 	m.mu.Unlock()
 	if err != nil {
 		return nil, err
@@ -252,6 +279,7 @@ func (m *ManagerImpl) allocateResource(ctx context.Context, log klog.Logger, pod
 	if err != nil {
 		m.mu.Lock()
 		m.ledger.Rollback(rid)
+		m.inflightDoneLocked(rid)
 		m.mu.Unlock()
 		return nil, pluginCallError(fmt.Sprintf("device plugin Allocate rpc for %s failed: ", name), err)
 	}
@@ -324,8 +352,8 @@ func (m *ManagerImpl) preferredAllocation(ctx context.Context, log klog.Logger, 
 // restart), it is allocated again. It returns nil, nil for a container without
 // allocations.
 func (m *ManagerImpl) GetDeviceRunContainerOptions(ctx context.Context, pod *v1.Pod, container *v1.Container) (*DeviceRunContainerOptions, error) {
-	if pod == nil || container == nil {
-		return nil, errors.New("pod and container must not be nil")
+	if err := checkRequest(pod, container); err != nil {
+		return nil, err
 	}
 	podUID := string(pod.UID)
 	m.mu.Lock()

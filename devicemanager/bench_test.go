@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/openkubelet/devmgr/checkpoint"
+	"github.com/openkubelet/devmgr/plugintest"
 	"github.com/openkubelet/devmgr/podstate"
 )
 
@@ -164,5 +166,57 @@ func BenchmarkStartWith1000PodCheckpoint(b *testing.B) {
 			b.Fatalf("restored %d pods", m.ledger.Len())
 		}
 		b.StartTimer()
+	}
+}
+
+// BenchmarkAdmitTwoResources admits 500 pods of each of two resources, from
+// one goroutine (alternating) and from two (one per resource): with group
+// commit, admissions running side by side share checkpoint writes.
+func BenchmarkAdmitTwoResources(b *testing.B) {
+	for _, workers := range []int{1, 2} {
+		b.Run(fmt.Sprintf("goroutines=%d", workers), func(b *testing.B) {
+			const n = 500
+			for range b.N {
+				b.StopTimer()
+				h := newHarness(b, quiet).start()
+				h.registered(res1, numbered("a", n), func(o *plugintest.Options) { o.Endpoint = "a.sock" })
+				h.registered(res2, numbered("b", n), func(o *plugintest.Options) { o.Endpoint = "b.sock" })
+				pods := map[string][]*v1.Pod{}
+				for _, res := range []string{res1, res2} {
+					for i := range n {
+						p := newPod(fmt.Sprintf("%s-%04d", res[:7], i), ctr("app", res, 1))
+						pods[res] = append(pods[res], p)
+						h.pods.add(p)
+					}
+				}
+				admit := func(p *v1.Pod) {
+					if err := h.m.Allocate(context.Background(), p, &p.Spec.Containers[0]); err != nil {
+						b.Error(err)
+					}
+				}
+				b.StartTimer()
+				if workers == 1 {
+					for i := range n {
+						admit(pods[res1][i])
+						admit(pods[res2][i])
+					}
+				} else {
+					var wg sync.WaitGroup
+					for _, res := range []string{res1, res2} {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							for _, p := range pods[res] {
+								admit(p)
+							}
+						}()
+					}
+					wg.Wait()
+				}
+				b.StopTimer()
+				require0(b, h.m.Stop())
+			}
+			b.ReportMetric(float64(2*n*b.N)/b.Elapsed().Seconds(), "pods/s")
+		})
 	}
 }

@@ -194,6 +194,9 @@ func upsertResourceStatus(cs *v1.ContainerStatus, rs v1.ResourceStatus) {
 func (m *ManagerImpl) UpdateAllocatedDevices() {
 	m.mu.Lock()
 	activePods, ready := m.activePods, m.sourcesReady
+	// A pod admitted after the list is read is not in it, yet is active:
+	// only pods whose last commit is older than the list are collected.
+	seen := m.commitSeq
 	m.mu.Unlock()
 	pods := activePods()
 	if !ready.AllReady() {
@@ -201,18 +204,20 @@ func (m *ManagerImpl) UpdateAllocatedDevices() {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.collectPodsLocked(pods)
+	m.collectPodsLocked(pods, seen)
 }
 
-// collectPodsLocked drops the records of pods not in active. Expects m.mu held.
-func (m *ManagerImpl) collectPodsLocked(active []*v1.Pod) {
+// collectPodsLocked drops the records of pods not in active, except pods
+// being admitted and pods that committed an allocation after commit sequence
+// seen (the active list may predate them). Expects m.mu held.
+func (m *ManagerImpl) collectPodsLocked(active []*v1.Pod, seen uint64) {
 	keep := sets.New[string]()
 	for _, p := range active {
 		keep.Insert(string(p.UID))
 	}
 	var gone []string
 	for uid := range m.ledger.Pods() {
-		if !keep.Has(uid) && m.inflight[uid] == 0 {
+		if !keep.Has(uid) && m.inflight[uid] == 0 && m.lastCommit[uid] <= seen {
 			gone = append(gone, uid)
 		}
 	}
@@ -222,6 +227,7 @@ func (m *ManagerImpl) collectPodsLocked(active []*v1.Pod) {
 	m.ledger.DeletePods(gone...)
 	for _, uid := range gone {
 		delete(m.reuse, uid)
+		delete(m.lastCommit, uid)
 	}
 	m.log.V(3).Info("Removed allocations of inactive pods", "podUIDs", gone)
 }

@@ -37,6 +37,12 @@ var (
 	ErrPluginCall = errors.New("device plugin call failed")
 	// ErrStopped: the manager is stopped.
 	ErrStopped = errors.New("device manager is stopped")
+	// ErrCheckpoint: the checkpoint could not be written, so the admission
+	// that needed it was undone (the previous file is intact).
+	ErrCheckpoint = errors.New("device manager checkpoint write failed")
+	// ErrInvalidRequest: the pod or container cannot be admitted as given
+	// (nil, or a UID or name that is not UTF-8).
+	ErrInvalidRequest = errors.New("invalid admission request")
 )
 
 // admissionError carries the kubelet's message and wraps a sentinel and,

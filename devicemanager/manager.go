@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	v1 "k8s.io/api/core/v1"
@@ -73,6 +74,16 @@ type ManagerImpl struct {
 	sourcesReady SourcesReady
 	containerMap podstate.ContainerMap
 	running      sets.Set[string]
+	// inflightRPCs holds the reservations whose plugin call is in flight,
+	// with its start: checkpoint writes wait briefly for them (group
+	// commit). inflightChanged is closed, and replaced, when one ends.
+	inflightRPCs    map[podstate.ReservationID]time.Time
+	inflightChanged chan struct{}
+	// commitSeq numbers commits of allocations; lastCommit holds each pod's
+	// last one (garbage collection must not drop a pod admitted after it
+	// read the active pods).
+	commitSeq  uint64
+	lastCommit map[string]uint64
 	// gen counts changes of the checkpoint's content.
 	gen uint64
 	// connSeq numbers plugin registrations.
@@ -96,19 +107,22 @@ func NewManagerImpl(opts Options) (*ManagerImpl, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &ManagerImpl{
-		opts:          opts,
-		log:           opts.Logger.WithName("devicemanager"),
-		store:         store,
-		kubeletSocket: filepath.Join(opts.SocketDir, KubeletSocketName),
-		updates:       newUpdateQueue(),
-		ctx:           ctx,
-		cancel:        cancel,
-		resources:     map[string]*resourceState{},
-		ledger:        podstate.NewLedger(),
-		reuse:         map[string]map[string]sets.Set[string]{},
-		inflight:      map[string]int{},
-		activePods:    func() []*v1.Pod { return nil },
-		sourcesReady:  alwaysReady{},
+		opts:            opts,
+		log:             opts.Logger.WithName("devicemanager"),
+		store:           store,
+		kubeletSocket:   filepath.Join(opts.SocketDir, KubeletSocketName),
+		updates:         newUpdateQueue(),
+		ctx:             ctx,
+		cancel:          cancel,
+		resources:       map[string]*resourceState{},
+		ledger:          podstate.NewLedger(),
+		reuse:           map[string]map[string]sets.Set[string]{},
+		inflight:        map[string]int{},
+		inflightRPCs:    map[podstate.ReservationID]time.Time{},
+		lastCommit:      map[string]uint64{},
+		inflightChanged: make(chan struct{}),
+		activePods:      func() []*v1.Pod { return nil },
+		sourcesReady:    alwaysReady{},
 	}
 	m.ledger.OnAllocated = m.allocatedChanged
 	if m.metrics, err = newMetrics(m, opts.Registerer); err != nil {
@@ -158,6 +172,7 @@ func (m *ManagerImpl) Start(activePods ActivePodsFunc, sourcesReady SourcesReady
 		}
 	}
 	m.readCheckpoint()
+	m.removeTempFiles()
 	if err := m.removeStaleSockets(); err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/openkubelet/devmgr/checkpoint"
 	"github.com/openkubelet/devmgr/endpoint"
+	"github.com/openkubelet/devmgr/podstate"
 )
 
 // The checkpoint holds the ledger's records and the healthy device IDs of every
@@ -48,6 +49,7 @@ func (m *ManagerImpl) persist(gen uint64) error {
 		return nil
 	}
 	m.mu.Lock()
+	m.awaitInflightLocked()
 	entries, registered := m.snapshotLocked()
 	current := m.gen
 	m.mu.Unlock()
@@ -95,7 +97,7 @@ func (m *ManagerImpl) readCheckpoint() {
 		m.log.V(2).Info("No checkpoint found; starting with no allocations", keyPath, m.checkpointPath())
 		return
 	case err != nil:
-		aside := fmt.Sprintf("%s.bad-%d", m.checkpointPath(), m.opts.Clock.Now().Unix())
+		aside := m.asidePath()
 		if mvErr := os.Rename(m.checkpointPath(), aside); mvErr != nil {
 			m.log.Error(errors.Join(err, mvErr), "Continue after failing to read checkpoint file. Device allocation info may NOT be up-to-date",
 				keyPath, m.checkpointPath())
@@ -120,6 +122,91 @@ func (m *ManagerImpl) readCheckpoint() {
 		"legacyFormat", data.Legacy())
 }
 
+// asidePath returns kubelet_internal_checkpoint.bad-<unix time>, with a
+// ".N" suffix when that name is taken (two bad files within one second), so
+// that no earlier bad file is ever replaced.
+func (m *ManagerImpl) asidePath() string {
+	base := fmt.Sprintf("%s.bad-%d", m.checkpointPath(), m.opts.Clock.Now().Unix())
+	name := base
+	for i := 1; ; i++ {
+		if _, err := os.Lstat(name); errors.Is(err, os.ErrNotExist) {
+			return name
+		}
+		name = fmt.Sprintf("%s.%d", base, i)
+	}
+}
+
+// removeTempFiles removes temporary files left by checkpoint writes that a
+// crash interrupted; nothing writes the checkpoint yet.
+func (m *ManagerImpl) removeTempFiles() {
+	n, err := checkpoint.RemoveTempFiles(m.opts.CheckpointDir)
+	if err != nil {
+		m.log.Error(err, "Failed to remove temporary checkpoint files", keyPath, m.opts.CheckpointDir)
+	}
+	if n > 0 {
+		m.log.V(2).Info("Removed temporary files of interrupted checkpoint writes", keyCount, n, keyPath, m.opts.CheckpointDir)
+	}
+}
+
 func (m *ManagerImpl) checkpointPath() string {
 	return filepath.Join(m.opts.CheckpointDir, checkpoint.DeviceManagerKey)
+}
+
+// Group commit. An admission is on disk before Allocate returns, and each
+// durable write costs about a millisecond, so admissions running side by
+// side would queue behind each other's writes. Before writing, a writer
+// waits a little for admissions whose plugin call is in flight: when they
+// commit in time, one write covers them all, and their own persist finds its
+// generation written. The wait is short and only for calls that started
+// recently, so a hung plugin delays nobody else by more than groupCommitWait
+// per write, and not at all once its call is older than groupCommitRecent.
+const (
+	groupCommitWait   = time.Millisecond
+	groupCommitRecent = 10 * time.Millisecond
+)
+
+// awaitInflightLocked waits, up to groupCommitWait, while a plugin call that
+// started less than groupCommitRecent ago is in flight. Expects m.mu held;
+// releases it while waiting.
+func (m *ManagerImpl) awaitInflightLocked() {
+	var timer *time.Timer
+	for {
+		now := time.Now()
+		recent := false
+		for _, start := range m.inflightRPCs {
+			if now.Sub(start) < groupCommitRecent {
+				recent = true
+				break
+			}
+		}
+		if !recent {
+			break
+		}
+		if timer == nil {
+			timer = time.NewTimer(groupCommitWait)
+			defer timer.Stop()
+		}
+		changed := m.inflightChanged
+		m.mu.Unlock()
+		select {
+		case <-changed:
+			m.mu.Lock()
+			continue
+		case <-timer.C:
+		}
+		m.mu.Lock()
+		break
+	}
+}
+
+// inflightDoneLocked records that a reservation's plugin call ended (it is
+// committed or rolled back) and wakes writers waiting for it. Expects m.mu
+// held.
+func (m *ManagerImpl) inflightDoneLocked(rid podstate.ReservationID) {
+	if _, ok := m.inflightRPCs[rid]; !ok {
+		return
+	}
+	delete(m.inflightRPCs, rid)
+	close(m.inflightChanged)
+	m.inflightChanged = make(chan struct{})
 }

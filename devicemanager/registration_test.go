@@ -207,3 +207,45 @@ func (h *harness) installFixture(name string) []byte {
 	require.NoError(h.t, os.WriteFile(filepath.Join(h.dir, checkpoint.DeviceManagerKey), blob, 0o600))
 	return blob
 }
+
+// Two bad checkpoints within one second are both kept aside; temporary
+// files of interrupted writes are removed at start.
+func TestBadCheckpointsKeptAsideTwiceAndTempFilesRemoved(t *testing.T) {
+	h := newHarness(t)
+	first := h.installFixture("corrupt")
+	h.start()
+	require.NoError(t, h.m.Stop())
+	require.NoError(t, os.Mkdir(filepath.Join(h.dir, checkpoint.DeviceManagerKey), 0o750))
+	require.NoError(t, os.WriteFile(filepath.Join(h.dir, ".123456"), []byte("half a write"), 0o600))
+	h.m = h.newManager() // same second on the fake clock
+	require.NoError(t, h.m.Start(nil, nil, nil, nil))
+
+	base := filepath.Join(h.dir, checkpoint.DeviceManagerKey+".bad-"+itoa(h.clock.Now().Unix()))
+	kept, err := os.ReadFile(base)
+	require.NoError(t, err)
+	assert.Equal(t, first, kept, "the first bad file is not replaced")
+	info, err := os.Stat(base + ".1")
+	require.NoError(t, err)
+	assert.True(t, info.IsDir(), "the directory in the checkpoint's place is kept aside too")
+	_, err = os.Stat(filepath.Join(h.dir, ".123456"))
+	assert.ErrorIs(t, err, os.ErrNotExist)
+
+	// The path is free again: admissions write the checkpoint.
+	h.registered(res1, devices("d", 1))
+	pod := newPod("p", ctr("app", res1, 1))
+	h.pods.add(pod)
+	require.NoError(t, h.admit(pod))
+}
+
+// A pod UID that is not UTF-8 is refused: the checkpoint could not carry it.
+func TestAllocateRefusesInvalidUTF8(t *testing.T) {
+	h := newHarness(t).start()
+	h.registered(res1, devices("d", 1))
+	pod := newPod("p\xff", ctr("app", res1, 1))
+	h.pods.add(pod)
+	err := h.admit(pod)
+	require.ErrorIs(t, err, ErrInvalidRequest)
+	assert.Nil(t, h.m.GetDevices("p\xff", "app"))
+	err = h.m.Allocate(context.Background(), nil, nil)
+	assert.ErrorIs(t, err, ErrInvalidRequest)
+}
