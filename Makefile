@@ -11,9 +11,10 @@ FUZZTIME        ?= 20s
 BENCHCOUNT      ?= 6
 BENCHTIME       ?= 1s
 BENCH           ?= .
+BENCHRUNS       ?= 5
 PKGS            ?= ./...
 
-.PHONY: all test vet lint fmt fmt-write tidy bench fuzz verify interop tools clean
+.PHONY: all test vet lint fmt fmt-write tidy bench bench-compare fuzz verify interop reliability tools clean
 
 all: verify test
 
@@ -45,6 +46,14 @@ tidy:
 bench:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) -count $(BENCHCOUNT) $(PKGS)
 
+## bench-compare: the same workloads against devmgr and against the kubelet's
+## own device manager (k8s.io/kubernetes v1.37.2), each run in a fresh
+## process, BENCHRUNS runs each; writes docs/PERFORMANCE.md. Needs root and
+## unshare -m (the kubelet side runs in a private mount namespace). bench/ is
+## a module of its own, so the library never depends on k8s.io/kubernetes.
+bench-compare:
+	cd bench && $(GO) run . compare -runs $(BENCHRUNS) -out ../docs/PERFORMANCE.md
+
 ## fuzz: every fuzz target for FUZZTIME each.
 fuzz:
 	@set -e; for f in $$(git grep -l '^func Fuzz' -- '*_test.go'); do \
@@ -61,6 +70,26 @@ fuzz:
 interop:
 	$(GO) test -tags interop -v -count=1 -timeout 20m ./interop/
 	$(GO) test -race -count=1 -run 'Quirk' ./devicemanager/
+
+## reliability: the reliability suite (crash consistency under SIGKILL, plugin
+## faults, churn, bad registrations, checkpoint damage, load, permissions)
+## with the default counts, then docs/RELIABILITY.md from its figures, also
+## when a test failed (the file says so, and the target fails). Larger counts:
+## make reliability RELIABILITY_FLAGS="-kills 2000 -flips 20000". The read-only
+## mount cases need root and unshare -m.
+RELIABILITY_FLAGS ?=
+RELIABILITY_OUT   := $(CURDIR)/.cache/reliability
+reliability:
+	@mkdir -p $(RELIABILITY_OUT) && rm -f $(RELIABILITY_OUT)/figures.jsonl
+	@echo "$(GO) test -tags reliability -count=1 -v -timeout 20m ./reliability/ -args -report $(RELIABILITY_OUT)/figures.jsonl $(RELIABILITY_FLAGS)"
+	@{ $(GO) test -tags reliability -count=1 -v -timeout 20m ./reliability/ \
+		-args -report $(RELIABILITY_OUT)/figures.jsonl $(RELIABILITY_FLAGS) 2>&1; \
+		echo $$? > $(RELIABILITY_OUT)/status; } | tee $(RELIABILITY_OUT)/test.log
+	@status=$$(cat $(RELIABILITY_OUT)/status); \
+	$(GO) run ./reliability/report -in $(RELIABILITY_OUT)/figures.jsonl -log $(RELIABILITY_OUT)/test.log \
+		-status $$status -out docs/RELIABILITY.md \
+		-cmd 'make reliability$(if $(RELIABILITY_FLAGS), RELIABILITY_FLAGS="$(RELIABILITY_FLAGS)")' && \
+	echo "wrote docs/RELIABILITY.md" && exit $$status
 
 ## verify: every static check (formatting, module tidiness, vet, lint).
 verify: fmt tidy vet lint

@@ -1,0 +1,412 @@
+// Command report turns the figures of a run of devmgr's reliability suite
+// (the JSON lines the tests append to their -report file) into
+// docs/RELIABILITY.md. `make reliability` runs it after the suite:
+//
+//	go run ./reliability/report -in .cache/reliability.jsonl -log .cache/reliability.log \
+//		-status 0 -cmd 'make reliability' -out docs/RELIABILITY.md
+//
+// It renders every category found in the input, in the order the tests
+// reported them, whoever wrote the test: one row per record, its details
+// below. A record's details may carry "case" (the row's name) and "about"
+// (a sentence on what the case does); the categories of crash consistency,
+// checkpoint damage and permissions have their description here.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// figures is one JSON line of the suite (reliability.Figures).
+type figures struct {
+	Category string         `json:"category"`
+	Cases    int            `json:"cases"`
+	Faults   int            `json:"faults"`
+	Kills    int            `json:"kills"`
+	Lost     int            `json:"lost"`
+	Doubled  int            `json:"doubled"`
+	Raw      map[string]any `json:"details"`
+	Elapsed  string         `json:"elapsed"`
+	When     time.Time      `json:"when"`
+}
+
+func main() {
+	in := flag.String("in", "", "the suite's -report file (JSON lines)")
+	out := flag.String("out", "docs/RELIABILITY.md", "the Markdown file to write")
+	logFile := flag.String("log", "", "the suite's go test -v output, to name failed tests (optional)")
+	status := flag.Int("status", 0, "the exit status of the suite's go test run")
+	command := flag.String("cmd", "make reliability", "the command that ran the suite, as shown")
+	flag.Parse()
+	if err := run(*in, *out, *logFile, *status, *command); err != nil {
+		fmt.Fprintln(os.Stderr, "report:", err)
+		os.Exit(1)
+	}
+}
+
+func run(in, out, logFile string, status int, command string) error {
+	if in == "" {
+		return errors.New("-in is required")
+	}
+	records, err := readFigures(in)
+	if err != nil {
+		return err
+	}
+	if len(records) == 0 {
+		return fmt.Errorf("%s holds no figures: did the suite run?", in)
+	}
+	var failed []string
+	if logFile != "" {
+		if failed, err = failedTests(logFile); err != nil {
+			return err
+		}
+	}
+	doc := render(records, runInfo{status: status, failed: failed, command: command, machine: machine()})
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(out, doc, 0o644)
+}
+
+func readFigures(path string) ([]figures, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []figures
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 0, 64<<10), 16<<20)
+	for n := 1; sc.Scan(); n++ {
+		line := bytes.TrimSpace(sc.Bytes())
+		if len(line) == 0 {
+			continue
+		}
+		dec := json.NewDecoder(bytes.NewReader(line))
+		dec.UseNumber() // seeds and counts stay exact
+		var r figures
+		if err := dec.Decode(&r); err != nil {
+			return nil, fmt.Errorf("%s:%d: %w", path, n, err)
+		}
+		out = append(out, r)
+	}
+	return out, sc.Err()
+}
+
+// failedTests returns the top-level tests go test -v reported as failed.
+func failedTests(path string) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "--- FAIL: "); ok {
+			name, _, _ := strings.Cut(rest, " ")
+			if !strings.Contains(name, "/") {
+				out = append(out, name)
+			}
+		}
+	}
+	return out, nil
+}
+
+type runInfo struct {
+	status  int
+	failed  []string
+	command string
+	machine string
+}
+
+// about describes the categories whose tests this generator's authors wrote;
+// other categories are described by their records' "about" detail.
+var about = map[string]string{
+	"crash consistency": `A child process (the test binary, re-executed) runs a ManagerImpl and a
+plugintest plugin serving 16 devices in a directory that outlives it. It admits pods of one or
+two devices, releases some (drops them from its active pods), and prints each admission once
+Allocate has returned nil, when the checkpoint is on disk, before it begins the next one. The
+parent kills it with SIGKILL at a random moment: a timer, up to 50 ms after the child is ready,
+or (one run in eight) during its start-up, while it restores the checkpoint and its plugin
+registers. The child writes its lines to a file, not a pipe: each line into a pipe would wake
+the parent, whose Go timers would then fire just after the child's lines instead of at random
+points of its work. After each kill the parent decodes and verifies the checkpoint (package
+checkpoint), requires its allocations to be exactly the acknowledged ones, or those plus the
+admission in flight, with no device in two pods, and starts a new manager on the directory,
+which must restore them (GetDevices). The next child starts on the same directory, so the
+checkpoint accumulates across kills.
+
+**What "acknowledged" means for a release.** Garbage collection does not write the checkpoint
+(SPEC §6.6): a released pod leaves the file only with the next admission's write, which
+garbage-collects first. So after a kill the file may still hold pods released since the last
+acknowledged admission: exactly those, with their devices, or, if the admission in flight was
+written, none of them. The test models this: a release is acknowledged by the next acknowledged
+admission, and a released pod that is still in the file is neither lost nor unexpected. One
+other write can carry a garbage collection: a device update writes the ledger as it is. In this
+test the plugin sends one device list, when it registers after the child starts, and that write
+may land between the first admission's garbage collection and its record. The file then holds
+the acknowledged pods without the released ones, and not the pod in flight. The test allows
+this state during the first admission of a run only. The kubelet behaves the same way. A node that restarts keeps such a pod's devices until its first
+admission (or GetTopologyHints) garbage-collects, against the active pods it is given.
+
+**What SIGKILL does not test.** It ends the process, not the machine: the page cache survives.
+The test shows that the checkpoint is replaced atomically (temporary file, rename) and is on
+disk before Allocate returns. It cannot show that the checkpoint survives a power cut, which is
+what the store's fsync of the file and of the directory are for.`,
+	"checkpoint damage": `A damaged checkpoint must never make Start fail. A checkpoint that does
+not decode and verify is moved aside as kubelet_internal_checkpoint.bad-<unix time>, byte for
+byte, and the manager starts with no allocations. Damage can leave a file that still decodes
+and verifies, without a checksum collision, when the decoder ignores it: JSON field names match
+case-insensitively, as in the kubelet. The manager must then hold exactly the decoded content,
+and the test asserts that. The cases: every truncation of a devmgr checkpoint of several pods
+and of the kubelet's own fixture; random bit flips in both; an empty file; a directory in the
+checkpoint's place; two damaged checkpoints in one second. Then writes that fail for real,
+each in a child process: a read-only bind mount and a full tmpfs in a private mount namespace
+(unshare -m; as root, file modes do not stop writes), and a file size limit (RLIMIT_FSIZE). A
+failed write must fail the admission that needed it (Allocate returns the error, with its
+cause), leave the previous file byte for byte and the ledger without that admission, and leave
+no temporary file. A restart while writes fail must restore the file, and admissions must work
+again once writes do. A corrupt checkpoint in a read-only directory cannot be moved aside: Start
+must still succeed, with no allocations.`,
+	"permissions": `Start creates the socket directory, the checkpoint directory and their
+missing parents with mode 0750. The checkpoint is written with mode 0600. kubelet.sock must
+not be world-writable: whoever can connect to it can register a device plugin, and so put
+device nodes and mounts into pods' containers. Go's listener creates the socket with mode 0777
+minus the umask, so devmgr sets its mode (0660) itself. The test runs a manager under the
+umasks 0022, 0000 and 0077, each in a child process since the umask is the whole process's.
+A socket or checkpoint directory that already exists keeps its mode (Start only creates
+missing ones, as the kubelet does; not tested here).`,
+}
+
+func render(records []figures, info runInfo) []byte {
+	var b bytes.Buffer
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+
+	var order []string
+	byCat := map[string][]figures{}
+	for _, r := range records {
+		if _, ok := byCat[r.Category]; !ok {
+			order = append(order, r.Category)
+		}
+		byCat[r.Category] = append(byCat[r.Category], r)
+	}
+	var when time.Time
+	var lost, doubled int
+	for _, r := range records {
+		if r.When.After(when) {
+			when = r.When
+		}
+		lost += r.Lost
+		doubled += r.Doubled
+	}
+
+	p("# Reliability\n\n")
+	p("<!-- Generated by `make reliability` (reliability/report) from the figures of the suite's last run. Do not edit. -->\n\n")
+	p("devmgr's reliability suite (package `reliability`, build tag `reliability`) kills, starves and\n")
+	p("damages a running device manager and counts what it loses. Every category asserts that no\n")
+	p("allocation is lost and that no device is given to two containers. Lost and doubled must be 0.\n")
+	p("This file holds the figures of the last run. CI runs the suite with the default counts; the\n")
+	p("flags raise them.\n\n")
+
+	p("## Last run\n\n")
+	p("| | |\n|---|---|\n")
+	p("| Command | `%s` |\n", info.command)
+	p("| Date | %s |\n", when.UTC().Format("2006-01-02 15:04 MST"))
+	p("| Machine | %s |\n", info.machine)
+	switch {
+	case info.status != 0:
+		msg := fmt.Sprintf("**FAILED** (go test exit status %d)", info.status)
+		if len(info.failed) > 0 {
+			msg += ": " + strings.Join(quoteAll(info.failed), ", ")
+		}
+		p("| Result | %s; %d allocations lost, %d doubled |\n", msg, lost, doubled)
+	case lost+doubled > 0:
+		p("| Result | **FAILED**: %d allocations lost, %d doubled |\n", lost, doubled)
+	default:
+		p("| Result | passed: 0 allocations lost, 0 doubled |\n")
+	}
+	p("\n")
+
+	p("## Summary\n\n")
+	p("| Category | Cases tried | Faults injected | Kills survived | Lost | Doubled | Time |\n")
+	p("|---|---:|---:|---:|---:|---:|---:|\n")
+	for _, cat := range order {
+		var s figures
+		var elapsed time.Duration
+		for _, r := range byCat[cat] {
+			s.Cases += r.Cases
+			s.Faults += r.Faults
+			s.Kills += r.Kills
+			s.Lost += r.Lost
+			s.Doubled += r.Doubled
+			d, _ := time.ParseDuration(r.Elapsed)
+			elapsed += d
+		}
+		p("| [%s](#%s) | %d | %d | %d | %s | %s | %s |\n", cat, anchor(cat), s.Cases, s.Faults, s.Kills,
+			flag0(s.Lost), flag0(s.Doubled), elapsed.Round(time.Millisecond))
+	}
+	p("\n")
+
+	for _, cat := range order {
+		rs := byCat[cat]
+		p("## %s\n\n", cat)
+		if text, ok := about[cat]; ok {
+			p("%s\n\n", text)
+		}
+		p("| Case | Cases tried | Faults injected | Kills survived | Lost | Doubled | Time |\n")
+		p("|---|---:|---:|---:|---:|---:|---:|\n")
+		for i, r := range rs {
+			p("| %s | %d | %d | %d | %s | %s | %s |\n", cell(caseName(r, i, len(rs))), r.Cases, r.Faults, r.Kills,
+				flag0(r.Lost), flag0(r.Doubled), r.Elapsed)
+		}
+		p("\n")
+		for i, r := range rs {
+			keys := detailKeys(r)
+			if len(keys) == 0 && r.Raw["about"] == nil {
+				continue
+			}
+			p("**%s**", caseName(r, i, len(rs)))
+			if a, ok := r.Raw["about"].(string); ok {
+				p(": %s", a)
+			}
+			p("\n\n")
+			for _, k := range keys {
+				p("- %s: %s\n", k, value(r.Raw[k]))
+			}
+			p("\n")
+		}
+	}
+
+	p("## How to reproduce\n\n")
+	p("```sh\n")
+	p("make reliability                                        # the default counts, as CI runs them\n")
+	p("make reliability RELIABILITY_FLAGS=\"-kills 2000 -flips 20000\"   # larger counts\n")
+	p("go test -tags reliability -count=1 -v -run TestCrashConsistency ./reliability/ -args -kills 500\n")
+	p("go test -race -tags reliability -count=1 ./reliability/ -args -kills 20 -flips 200 -cycles 10 -admissions 1000\n")
+	p("```\n\n")
+	p("Flags (after `-args`): `-kills` (SIGKILLs of the admitting child), `-cycles` (churn cycles),\n")
+	p("`-admissions` (load), `-flips` (bit flips), `-report` (append the figures as JSON lines;\n")
+	p("`make reliability` writes them to `.cache/reliability/figures.jsonl`, and this file from them).\n")
+	p("Random choices are logged with their seed; `DEVMGR_RELIABILITY_SEED=<seed>` repeats them.\n")
+	p("The read-only bind mount and the full tmpfs need root and `unshare -m`; without them the test\n")
+	p("says so in its log and in this file, and a file size limit still makes writes fail. Without\n")
+	p("root, a directory's mode makes it read-only instead.\n")
+	return b.Bytes()
+}
+
+func quoteAll(ss []string) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = "`" + s + "`"
+	}
+	return out
+}
+
+// caseName is a record's "case" detail, or a number when its category has
+// several records without one.
+func caseName(r figures, i, n int) string {
+	if c, ok := r.Raw["case"].(string); ok && c != "" {
+		return c
+	}
+	if n == 1 {
+		return r.Category
+	}
+	return r.Category + " #" + strconv.Itoa(i+1)
+}
+
+func detailKeys(r figures) []string {
+	var keys []string
+	for k := range r.Raw {
+		if k != "case" && k != "about" {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+func value(v any) string {
+	switch v := v.(type) {
+	case string:
+		return v
+	case json.Number:
+		return v.String()
+	default:
+		b, err := json.Marshal(v)
+		if err != nil {
+			return fmt.Sprint(v)
+		}
+		return "`" + string(b) + "`"
+	}
+}
+
+// flag0 shows a count that must be zero, in bold when it is not.
+func flag0(n int) string {
+	if n != 0 {
+		return "**" + strconv.Itoa(n) + "**"
+	}
+	return "0"
+}
+
+func cell(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
+
+// anchor is GitHub's heading anchor for a heading made of s.
+func anchor(s string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(s) {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-', r == '_':
+			b.WriteRune(r)
+		case r == ' ':
+			b.WriteRune('-')
+		}
+	}
+	return b.String()
+}
+
+// machine describes the machine the report is made on (the suite's).
+func machine() string {
+	parts := []string{fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU())}
+	if cpu := procField("/proc/cpuinfo", "model name"); cpu != "" {
+		parts[0] += " (" + cpu + ")"
+	}
+	if mem := procField("/proc/meminfo", "MemTotal"); mem != "" {
+		if kb, err := strconv.ParseFloat(strings.TrimSuffix(mem, " kB"), 64); err == nil {
+			parts = append(parts, fmt.Sprintf("%.1f GiB", kb/(1<<20)))
+		}
+	}
+	if rel, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		parts = append(parts, "Linux "+strings.TrimSpace(string(rel)))
+	}
+	parts = append(parts, runtime.Version())
+	if os.Geteuid() == 0 {
+		parts = append(parts, "root")
+	} else {
+		parts = append(parts, "not root")
+	}
+	return strings.Join(parts, ", ")
+}
+
+// procField returns the value of the first "key: value" line of a /proc file.
+func procField(path, key string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if ok && strings.TrimSpace(k) == key {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
