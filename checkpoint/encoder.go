@@ -2,29 +2,39 @@ package checkpoint
 
 import (
 	"strconv"
+	"sync"
 )
 
-// EncodedEntry is an allocation record with its two encodings, computed once:
-// the JSON object of the file and the text the checksum hashes. It is
-// immutable; a ledger that keeps one per record lets an Encoder write a
-// checkpoint without encoding unchanged records again.
+// EncodedEntry is an allocation record with its two encodings: the JSON
+// object of the file and the text the checksum hashes. They are computed
+// once, the first time a checkpoint is encoded with the entry (so restoring a
+// ledger from a file costs no encoding), and the entry never changes; a
+// ledger that keeps one per record lets an Encoder write a checkpoint without
+// encoding unchanged records again. Safe for concurrent use.
 type EncodedEntry struct {
 	entry PodDevicesEntry
+	once  sync.Once
 	json  []byte
 	text  []byte
 }
 
-// EncodeEntry encodes e. e's maps and slices are kept, not copied: they must
+// EncodeEntry wraps e. e's maps and slices are kept, not copied: they must
 // not be modified afterwards.
-func EncodeEntry(e PodDevicesEntry) *EncodedEntry {
-	json := appendEntryHead(nil, e.PodUID, e.ContainerName, e.ResourceName)
-	json = appendNUMA(json, e.DeviceIDs)
-	json = appendEntryTail(json, e.AllocResp)
-	return &EncodedEntry{entry: e, json: json, text: appendEntryText(nil, &e)}
-}
+func EncodeEntry(e PodDevicesEntry) *EncodedEntry { return &EncodedEntry{entry: e} }
 
 // Entry returns the record.
 func (e *EncodedEntry) Entry() PodDevicesEntry { return e.entry }
+
+// encoded returns the JSON object and the hashed text, computing them once.
+func (e *EncodedEntry) encoded() (json, text []byte) {
+	e.once.Do(func() {
+		json := appendEntryHead(nil, e.entry.PodUID, e.entry.ContainerName, e.entry.ResourceName)
+		json = appendNUMA(json, e.entry.DeviceIDs)
+		e.json = appendEntryTail(json, e.entry.AllocResp)
+		e.text = appendEntryText(nil, &e.entry)
+	})
+	return e.json, e.text
+}
 
 // Encoder writes checkpoint documents from encoded entries, byte for byte
 // what New(entries, registered).MarshalCheckpoint writes, and remembers the
@@ -88,7 +98,8 @@ func (c *Encoder) Encode(entries []*EncodedEntry, registered map[string][]string
 		if i > 0 {
 			h = fnvUpdate(h, []byte{' '})
 		}
-		h = fnvUpdate(h, entries[i].text)
+		_, text := entries[i].encoded()
+		h = fnvUpdate(h, text)
 		c.states = append(c.states, h)
 	}
 	tail := make([]byte, 0, 64+sizeHint(registered))
@@ -103,7 +114,8 @@ func (c *Encoder) Encode(entries []*EncodedEntry, registered map[string][]string
 	// The JSON: the bytes of the unchanged entries, then the rest.
 	size := 0
 	for i := k; i < len(entries); i++ {
-		size += len(entries[i].json) + 1
+		json, _ := entries[i].encoded()
+		size += len(json) + 1
 	}
 	var blob []byte
 	if len(c.offsets) == 0 {
@@ -124,7 +136,8 @@ func (c *Encoder) Encode(entries []*EncodedEntry, registered map[string][]string
 		if i > 0 {
 			blob = append(blob, ',')
 		}
-		blob = append(blob, entries[i].json...)
+		json, _ := entries[i].encoded()
+		blob = append(blob, json...)
 		c.offsets = append(c.offsets, len(blob))
 	}
 	if !isNil {

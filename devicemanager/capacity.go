@@ -211,6 +211,21 @@ func (m *ManagerImpl) UpdateAllocatedDevices() {
 // being admitted and pods that committed an allocation after commit sequence
 // seen (the active list may predate them). Expects m.mu held.
 func (m *ManagerImpl) collectPodsLocked(active []*v1.Pod, seen uint64) {
+	// Every admission collects, with the whole active list: first count,
+	// without allocating, the distinct active pods that hold records; when
+	// that is all of them there is nothing to collect.
+	m.gcStamp++
+	n := 0
+	for _, p := range active {
+		uid := string(p.UID)
+		if m.ledger.HasPod(uid) && m.gcMarks[uid] != m.gcStamp {
+			m.gcMarks[uid] = m.gcStamp
+			n++
+		}
+	}
+	if n == m.ledger.Len() {
+		return
+	}
 	keep := sets.New[string]()
 	for _, p := range active {
 		keep.Insert(string(p.UID))
@@ -224,10 +239,16 @@ func (m *ManagerImpl) collectPodsLocked(active []*v1.Pod, seen uint64) {
 	if len(gone) == 0 {
 		return
 	}
+	for uid := range m.gcMarks {
+		if !m.ledger.HasPod(uid) {
+			delete(m.gcMarks, uid)
+		}
+	}
 	m.ledger.DeletePods(gone...)
 	for _, uid := range gone {
 		delete(m.reuse, uid)
 		delete(m.lastCommit, uid)
+		delete(m.gcMarks, uid)
 	}
 	m.log.V(3).Info("Removed allocations of inactive pods", "podUIDs", gone)
 }

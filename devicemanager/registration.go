@@ -147,8 +147,9 @@ func (m *ManagerImpl) connect(ctx context.Context, resource, path string) error 
 func (m *ManagerImpl) follow(resource string, ep *endpoint.Endpoint) {
 	defer m.wg.Done()
 	err := ep.Run(m.ctx, func(msg *pluginapi.ListAndWatchResponse) {
-		m.metrics.messageBytes.WithLabelValues(resource).Observe(float64(proto.Size(msg)))
 		m.onDevices(resource, ep, msg.GetDevices())
+		// Measured after the devices are in effect: sizing walks the list.
+		m.metrics.messageBytes.WithLabelValues(resource).Observe(float64(proto.Size(msg)))
 	})
 	switch {
 	case errors.Is(err, endpoint.ErrStopped):

@@ -141,8 +141,9 @@ func (r *record) checkpointable() error {
 }
 
 // FromCheckpoint inserts a record for each entry, as Insert does (a later
-// entry for the same pod, container and resource replaces an earlier one). A
-// nil AllocResp restores an empty response. An entry whose AllocResp does not
+// entry for the same pod, container and resource replaces an earlier one),
+// keeping the entry's AllocResp bytes as the record's encoding. A nil
+// AllocResp restores an empty response. An entry whose AllocResp does not
 // decode is skipped; the returned error then names each skipped entry
 // (errors.Join of errors wrapping ErrUndecodableResponse) while every other
 // entry is restored.
@@ -155,7 +156,10 @@ func (l *Ledger) FromCheckpoint(entries []checkpoint.PodDevicesEntry) error {
 				i, e.PodUID, e.ContainerName, e.ResourceName, ErrUndecodableResponse, err))
 			continue
 		}
-		l.Insert(e.PodUID, e.ContainerName, e.ResourceName, e.DeviceIDs, resp)
+		// The bytes read are resp's encoding: kept, not encoded again, so a
+		// restored record writes back what was read.
+		l.put(ContainerRef{PodUID: e.PodUID, ContainerName: e.ContainerName}, e.ResourceName,
+			newRecord(e.DeviceIDs, resp, e.AllocResp))
 	}
 	return errors.Join(errs...)
 }

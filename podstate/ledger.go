@@ -66,7 +66,9 @@ func NewLedger() *Ledger {
 
 var deterministic = proto.MarshalOptions{Deterministic: true}
 
-func newRecord(numa checkpoint.DevicesPerNUMA, resp *pluginapi.ContainerAllocateResponse) *record {
+// newRecord builds a record; wire, when not nil, is resp's encoding already
+// (as read from a checkpoint) and is kept instead of encoding resp again.
+func newRecord(numa checkpoint.DevicesPerNUMA, resp *pluginapi.ContainerAllocateResponse, wire []byte) *record {
 	r := &record{numa: make(checkpoint.DevicesPerNUMA, len(numa)), resp: resp}
 	all := make([]string, 0, len(numa))
 	for node, ids := range numa {
@@ -77,7 +79,10 @@ func newRecord(numa checkpoint.DevicesPerNUMA, resp *pluginapi.ContainerAllocate
 	}
 	slices.Sort(all)
 	r.ids = slices.Compact(all)
-	if resp != nil {
+	switch {
+	case resp != nil && wire != nil:
+		r.wire = wire
+	case resp != nil:
 		r.wire, r.wireErr = deterministic.Marshal(resp)
 		if r.wireErr != nil {
 			r.wire = nil
@@ -94,7 +99,7 @@ func newRecord(numa checkpoint.DevicesPerNUMA, resp *pluginapi.ContainerAllocate
 // the checkpoint and of the run options.
 func (l *Ledger) Insert(podUID, containerName, resource string, numa checkpoint.DevicesPerNUMA,
 	resp *pluginapi.ContainerAllocateResponse) {
-	l.put(ContainerRef{PodUID: podUID, ContainerName: containerName}, resource, newRecord(numa, resp))
+	l.put(ContainerRef{PodUID: podUID, ContainerName: containerName}, resource, newRecord(numa, resp, nil))
 }
 
 func (l *Ledger) put(ref ContainerRef, resource string, rec *record) {

@@ -79,7 +79,7 @@ func (l *Ledger) Commit(id ReservationID, devs DeviceInstances, resp *pluginapi.
 		return fmt.Errorf("%w: %d", ErrUnknownReservation, id)
 	}
 	// Record first, then release the reservation, so the devices never look free.
-	l.put(r.ref, r.resource, newRecord(NUMAMap(r.ids, devs), resp))
+	l.put(r.ref, r.resource, newRecord(NUMAMap(r.ids, devs), resp, nil))
 	l.unreserve(id, r)
 	return nil
 }
