@@ -115,6 +115,10 @@ func (d *Data) MarshalCheckpoint() ([]byte, error) {
 // Kubernetes 1.20 is accepted too (see Legacy). A malformed document yields a
 // *DecodeError and leaves d unchanged.
 func (d *Data) UnmarshalCheckpoint(blob []byte) error {
+	if w, ok := decodeCanonical(blob); ok {
+		*d = Data{data: w.Data, checksum: w.Checksum}
+		return nil
+	}
 	w := wire{Data: checkpointData{
 		PodDeviceEntries:  []PodDevicesEntry{},
 		RegisteredDevices: map[string][]string{},

@@ -3,7 +3,6 @@ package checkpoint
 import (
 	"slices"
 	"strconv"
-	"sync"
 )
 
 // The kubelet's checksum is FNV-1a (32 bit) over the text that go-spew prints for
@@ -148,36 +147,31 @@ func appendEntryText(b []byte, e *PodDevicesEntry) []byte {
 	return appendEntryTailText(b, e.AllocResp)
 }
 
-// appendDocumentText prints the whole document: n entries (isNil: a nil
-// slice), each printed by entry, then the registered devices.
-func appendDocumentText(b []byte, isNil bool, n int, entry func(b []byte, i int) []byte, registered map[string][]string) []byte {
-	b = append(b, docHead...)
+// hashDocument hashes the document text piece by piece, through one small
+// buffer reused for each entry, so that no buffer of the whole text (a
+// megabyte for a thousand pods) is ever built.
+func hashDocument(isNil bool, n int, entry func(b []byte, i int) []byte, registered map[string][]string) uint64 {
+	buf := make([]byte, 0, 4096)
+	h := fnvUpdate(fnvOffset32, append(buf, docHead...))
 	if isNil {
-		b = append(b, spewNil...)
+		h = fnvUpdate(h, append(buf[:0], spewNil...))
 	} else {
-		b = append(b, '[')
+		h = fnvUpdate(h, append(buf[:0], '['))
 		for i := range n {
+			b := buf[:0]
 			if i > 0 {
 				b = append(b, ' ')
 			}
 			b = entry(b, i)
+			h = fnvUpdate(h, b)
+			buf = b[:0]
 		}
-		b = append(b, ']')
+		h = fnvUpdate(h, append(buf[:0], ']'))
 	}
-	b = append(b, docRegistered...)
+	b := append(buf[:0], docRegistered...)
 	b = appendRegisteredText(b, registered)
-	return append(b, '}')
-}
-
-// textBuffers recycles the buffers the whole-document text is printed into.
-var textBuffers = sync.Pool{New: func() any { return new([]byte) }}
-
-func hashDocument(isNil bool, n int, entry func(b []byte, i int) []byte, registered map[string][]string) uint64 {
-	buf := textBuffers.Get().(*[]byte)
-	*buf = appendDocumentText((*buf)[:0], isNil, n, entry, registered)
-	sum := fnvUpdate(fnvOffset32, *buf)
-	textBuffers.Put(buf)
-	return uint64(sum)
+	b = append(b, '}')
+	return uint64(fnvUpdate(h, b))
 }
 
 // checksumOf returns the kubelet checksum of d.

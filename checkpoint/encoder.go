@@ -59,11 +59,17 @@ type Encoder struct {
 	// blob; offsets[len(prev)] where the entries end.
 	offsets []int
 	blob    []byte
-	valid   bool
+	// spare is the buffer of the document before blob, reused for the next
+	// one: an admission-heavy node writes a megabyte-sized document per
+	// admission, and allocating each anew costs garbage collection.
+	spare []byte
+	valid bool
 }
 
 // Encode returns the checkpoint document of entries (in the order given; nil
-// and empty differ, as in New) and registered, and its checksum.
+// and empty differ, as in New) and registered, and its checksum. The
+// document is the caller's until the second Encode after this one, which
+// writes over its memory.
 func (c *Encoder) Encode(entries []*EncodedEntry, registered map[string][]string) ([]byte, uint64) {
 	isNil := entries == nil
 	k := 0
@@ -117,9 +123,10 @@ func (c *Encoder) Encode(entries []*EncodedEntry, registered map[string][]string
 		json, _ := entries[i].encoded()
 		size += len(json) + 1
 	}
+	need := 64 + size + sizeHint(registered)
 	var blob []byte
 	if len(c.offsets) == 0 {
-		blob = make([]byte, 0, 64+size+sizeHint(registered))
+		blob = c.reuse(need)
 		blob = append(blob, `{"Data":{"PodDeviceEntries":`...)
 		if isNil {
 			blob = append(blob, "null"...)
@@ -129,8 +136,7 @@ func (c *Encoder) Encode(entries []*EncodedEntry, registered map[string][]string
 		c.offsets = append(c.offsets, len(blob))
 	} else {
 		start := c.offsets[k]
-		blob = make([]byte, start, start+64+size+sizeHint(registered))
-		copy(blob, c.blob[:start])
+		blob = append(c.reuse(start+need), c.blob[:start]...)
 	}
 	for i := k; i < len(entries); i++ {
 		if i > 0 {
@@ -151,7 +157,16 @@ func (c *Encoder) Encode(entries []*EncodedEntry, registered map[string][]string
 
 	c.prev = append(c.prev[:0], entries...)
 	c.prevNil = isNil
-	c.blob = blob
+	c.spare, c.blob = c.blob, blob
 	c.valid = true
 	return blob, sum
+}
+
+// reuse returns the spare buffer, empty, if it can hold n bytes, else a new
+// one.
+func (c *Encoder) reuse(n int) []byte {
+	if cap(c.spare) >= n {
+		return c.spare[:0]
+	}
+	return make([]byte, 0, n+n/4)
 }

@@ -240,16 +240,19 @@ func (m *ManagerImpl) allocateResource(ctx context.Context, log klog.Logger, pod
 		return nil, err
 	}
 	var preferred []string
-	if q, ask := podstate.PreferredQueryFor(in); ask && ep.Options().GetGetPreferredAllocationAvailable() {
-		m.mu.Unlock()
-		preferred = m.preferredAllocation(ctx, log, name, ep, q)
-		m.mu.Lock()
-		// The world may have moved while the plugin thought: start over with
-		// its answer.
-		in, ep, err = m.selectionInputLocked(podUID, container, name, required, affinity)
-		if err != nil || in.Needed == 0 {
+	// The query (sorted ID lists) is built only for plugins that answer it.
+	if ep.Options().GetGetPreferredAllocationAvailable() {
+		if q, ask := podstate.PreferredQueryFor(in); ask {
 			m.mu.Unlock()
-			return nil, err
+			preferred = m.preferredAllocation(ctx, log, name, ep, q)
+			m.mu.Lock()
+			// The world may have moved while the plugin thought: start
+			// over with its answer.
+			in, ep, err = m.selectionInputLocked(podUID, container, name, required, affinity)
+			if err != nil || in.Needed == 0 {
+				m.mu.Unlock()
+				return nil, err
+			}
 		}
 	}
 	ids, err := podstate.Select(in, preferred)

@@ -50,7 +50,8 @@ type ManagerImpl struct {
 	// while mu is held.
 	writeMu sync.Mutex
 	// writtenGen is the state generation the file reflects; lastBlob is what
-	// was last written. Guarded by writeMu.
+	// the file holds (memory of the encoder's, valid until its next encode
+	// but one: always the latest document). Guarded by writeMu.
 	writtenGen uint64
 	lastBlob   []byte
 	// encoder writes checkpoints, reusing the encoding of the unchanged

@@ -59,6 +59,9 @@ func (m *ManagerImpl) persist(gen uint64) error {
 	if bytes.Equal(blob, m.lastBlob) {
 		m.metrics.checkpointTotal.WithLabelValues("unchanged").Inc()
 		m.writtenGen = current
+		// The same bytes, in the encoder's current buffer: the one lastBlob
+		// held is reused by the next encode.
+		m.lastBlob = blob
 		return nil
 	}
 	if err := m.store.CreateCheckpoint(checkpoint.DeviceManagerKey, encoded(blob)); err != nil {
