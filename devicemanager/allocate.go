@@ -319,7 +319,18 @@ func (m *ManagerImpl) selectionInputLocked(podUID, container, name string, requi
 	if pool := m.reuse[podUID][name]; pool.Len() > 0 {
 		reusable = sets.List(pool)
 	}
-	tiers := topology.FilterByAffinity(affinity, r.devices, available)
+	var tiers topology.Tiers
+	if affinity == nil {
+		// Without an affinity every device is in one tier, in ID order:
+		// filtered from the sorted IDs the resource keeps, not sorted again.
+		for _, id := range r.sortedDeviceIDs() {
+			if available.Has(id) {
+				tiers.NoTopology = append(tiers.NoTopology, id)
+			}
+		}
+	} else {
+		tiers = topology.FilterByAffinity(affinity, r.devices, available)
+	}
 	return podstate.SelectInput{
 		Resource:  name,
 		Required:  required,

@@ -77,11 +77,8 @@ func (m *ManagerImpl) resourceLocked(name string) *resourceState {
 // again only when the set of IDs changes (health flips cost no sort).
 func (r *resourceState) sortedHealthy() []string {
 	if r.healthySorted == nil {
-		if r.sortedIDs == nil {
-			r.sortedIDs = sets.List(sets.KeySet(r.devices))
-		}
 		out := make([]string, 0, r.healthy.Len())
-		for _, id := range r.sortedIDs {
+		for _, id := range r.sortedDeviceIDs() {
 			if r.healthy.Has(id) {
 				out = append(out, id)
 			}
@@ -89,6 +86,15 @@ func (r *resourceState) sortedHealthy() []string {
 		r.healthySorted = out
 	}
 	return r.healthySorted
+}
+
+// sortedDeviceIDs returns the IDs of all devices in order; the slice is
+// shared and must not be modified.
+func (r *resourceState) sortedDeviceIDs() []string {
+	if r.sortedIDs == nil {
+		r.sortedIDs = sets.List(sets.KeySet(r.devices))
+	}
+	return r.sortedIDs
 }
 
 // setDevices replaces the device list with devs and returns, sorted, the IDs
