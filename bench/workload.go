@@ -1,0 +1,677 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/openkubelet/devmgr/plugintest"
+)
+
+// result is what one `bench run` prints, as one JSON line.
+type result struct {
+	Impl     string             `json:"impl"`
+	Workload string             `json:"workload"`
+	Variant  string             `json:"variant,omitempty"`
+	Status   string             `json:"status"` // ok, refused, crashed, error
+	Note     string             `json:"note,omitempty"`
+	Metrics  map[string]float64 `json:"metrics,omitempty"`
+	PeakRSS  int64              `json:"peak_rss_kib"`
+}
+
+const (
+	statusOK      = "ok"
+	statusRefused = "refused"
+	statusCrashed = "crashed"
+	statusError   = "error"
+)
+
+// run is the state of one workload in this process.
+type run struct {
+	impl    string
+	dir     string
+	log     logr.Logger
+	sink    *errorSink
+	profile string
+	res     result
+	cleanup []func()
+}
+
+// settle bounds every wait for a manager to catch up.
+const settle = 60 * time.Second
+
+// afterWrite is left between a write seen on disk and the next timed step:
+// the rename is visible before the writer's directory fsync (devmgr's) has
+// returned, and the next message waits for it.
+const afterWrite = 100 * time.Millisecond
+
+func runMain(args []string) error {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	impl := fs.String("impl", "devmgr", "devmgr or kubelet")
+	workload := fs.String("workload", "", "W1, W2, W3, W4prep, W4, W5, W6 or floor")
+	dir := fs.String("dir", "", "directory for sockets and the checkpoint (on disk)")
+	n := fs.Int("n", 1000, "W1: devices to register")
+	pods := fs.Int("pods", 0, "W3: pods holding the flipped devices (0 or 1000)")
+	goroutines := fs.Int("goroutines", 1, "W5: admitting goroutines (1 or 2)")
+	size := fs.Int("size", 0, "floor: bytes per write")
+	iters := fs.Int("iters", 0, "W3, W6, floor: timed repetitions (0: the workload's default)")
+	profile := fs.String("cpuprofile", "", "write a CPU profile of the timed section to this file")
+	fs.DurationVar(&pollInterval, "poll", 0, "pause between GetCapacity polls (0: a tight loop)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *dir == "" || !filepath.IsAbs(*dir) {
+		return errors.New("run: -dir must be an absolute directory")
+	}
+	sink := &errorSink{}
+	log := logr.New(sink)
+	// Both managers and the plugin log through klog; this process discards
+	// info messages and keeps the first errors.
+	klog.SetLogger(log)
+
+	r := &run{impl: *impl, dir: *dir, log: log, sink: sink, profile: *profile,
+		res: result{Impl: *impl, Workload: *workload, Metrics: map[string]float64{}}}
+	var err error
+	switch *workload {
+	case "W1":
+		r.res.Variant = fmt.Sprintf("n=%d", *n)
+		err = r.w1(*n)
+	case "W2":
+		err = r.w2()
+	case "W3":
+		r.res.Variant = fmt.Sprintf("pods=%d", *pods)
+		err = r.w3(*pods, orDefault(*iters, 10))
+	case "W4prep":
+		err = r.w4prep()
+	case "W4":
+		err = r.w4()
+	case "W5":
+		r.res.Variant = fmt.Sprintf("g=%d", *goroutines)
+		err = r.w5(*goroutines)
+	case "W6":
+		err = r.w6(orDefault(*iters, 200))
+	case "floor":
+		r.res.Impl = "disk"
+		err = r.floor(*size, orDefault(*iters, 30))
+	case "W3wire":
+		r.res.Impl = "wire"
+		err = r.w3wire(orDefault(*iters, 10))
+	default:
+		err = fmt.Errorf("unknown workload %q", *workload)
+	}
+	for _, f := range slices.Backward(r.cleanup) {
+		f()
+	}
+	switch {
+	case errors.Is(err, errRefused):
+		r.res.Status = statusRefused
+		r.res.Note = r.sink.first()
+	case err != nil:
+		r.res.Status = statusError
+		r.res.Note = joinNote(err.Error(), r.sink.first())
+	default:
+		r.res.Status = statusOK
+	}
+	r.res.PeakRSS = peakRSSKiB()
+	return json.NewEncoder(os.Stdout).Encode(r.res)
+}
+
+func orDefault(v, d int) int {
+	if v > 0 {
+		return v
+	}
+	return d
+}
+
+func joinNote(parts ...string) string {
+	var out []string
+	for _, p := range parts {
+		if p != "" {
+			out = append(out, p)
+		}
+	}
+	return strings.Join(out, "; ")
+}
+
+func (r *run) metric(name string, v float64)         { r.res.Metrics[name] = v }
+func (r *run) duration(name string, d time.Duration) { r.metric(name, float64(d.Nanoseconds())) }
+func (r *run) atExit(f func())                       { r.cleanup = append(r.cleanup, f) }
+
+// startManager starts the subject with the given active pods and drains its
+// Updates channel.
+func (r *run) startManager(pods []*v1.Pod) (subject, error) {
+	s, err := newSubject(r.impl, r.dir, r.log)
+	if err != nil {
+		return nil, err
+	}
+	list := &podList{}
+	list.set(pods)
+	if err := s.Start(list.get); err != nil {
+		return nil, err
+	}
+	r.atExit(s.Stop)
+	s.DrainUpdates()
+	// Errors logged before now are the normal ones of a first start (the
+	// kubelet logs a missing checkpoint as an error).
+	r.sink.reset()
+	return s, nil
+}
+
+// plugin starts and registers a plugin for res with devs, and waits until the
+// manager shows every device and has finished writing its checkpoint.
+func (r *run) plugin(s subject, res string, devs []*pluginapi.Device) (*plugintest.Plugin, error) {
+	p, err := startPlugin(r.log, s.SocketDir(), res, devs)
+	if err != nil {
+		return nil, err
+	}
+	r.atExit(p.Stop)
+	if err := p.Register(kubeletSocket(s)); err != nil {
+		return nil, err
+	}
+	if err := waitAllocatable(s, res, int64(len(devs)), settle, nil); err != nil {
+		return nil, err
+	}
+	return p, waitQuiet(checkpointPath(s), afterWrite, settle)
+}
+
+// startProfile starts the CPU profile of the timed section, if asked for.
+func (r *run) startProfile() (stop func(), err error) {
+	if r.profile == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(r.profile)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); _ = f.Close() }, nil
+}
+
+// w1 registers a plugin with n devices and times until GetCapacity shows them
+// all; then one update making 10% of them unhealthy, until GetCapacity shows
+// it.
+func (r *run) w1(n int) error {
+	s, err := r.startManager(nil)
+	if err != nil {
+		return err
+	}
+	devs := makeDevices(n)
+	r.metric("message_bytes", float64(proto.Size(&pluginapi.ListAndWatchResponse{Devices: devs})))
+	p, err := startPlugin(r.log, s.SocketDir(), resGPU, devs)
+	if err != nil {
+		return err
+	}
+	r.atExit(p.Stop)
+	ctx, cancel := context.WithCancel(context.Background())
+	r.atExit(cancel)
+	refused := refusalWatch(ctx, p)
+	cp := checkpointPath(s)
+	before := stampOf(cp)
+
+	stop, err := r.startProfile()
+	if err != nil {
+		return err
+	}
+	defer stop()
+	start := time.Now()
+	if err := p.Register(kubeletSocket(s)); err != nil {
+		return err
+	}
+	if err := waitAllocatable(s, resGPU, int64(n), settle, refused); err != nil {
+		return err
+	}
+	r.duration("register_ns", time.Since(start))
+	if err := waitReplaced(cp, before, settle); err != nil {
+		return err
+	}
+	r.duration("register_durable_ns", time.Since(start))
+	time.Sleep(afterWrite)
+
+	k := max(1, n/10)
+	bad := map[string]bool{}
+	for _, d := range devs[:k] {
+		bad[d.ID] = true
+	}
+	before = stampOf(cp)
+	start = time.Now()
+	p.Update(withUnhealthy(devs, bad))
+	if err := waitAllocatable(s, resGPU, int64(n-k), settle, refused); err != nil {
+		return err
+	}
+	r.duration("update_ns", time.Since(start))
+	if err := waitReplaced(cp, before, settle); err != nil {
+		return err
+	}
+	r.duration("update_durable_ns", time.Since(start))
+	if c, a, _ := s.Capacity(resGPU); c != int64(n) || a != int64(n-k) {
+		return fmt.Errorf("after the update: capacity %d allocatable %d, want %d and %d", c, a, n, n-k)
+	}
+	return nil
+}
+
+// admitAll admits pods one after the other and returns each admission's
+// duration.
+func admitAll(s subject, pods []*v1.Pod) (durations, error) {
+	out := make(durations, 0, len(pods))
+	ctx := context.Background()
+	for _, pod := range pods {
+		start := time.Now()
+		if err := s.Allocate(ctx, pod, &pod.Spec.Containers[0]); err != nil {
+			return out, fmt.Errorf("admit %s: %w", pod.Name, err)
+		}
+		out = append(out, time.Since(start))
+	}
+	return out, nil
+}
+
+func makePods(n int, res string) []*v1.Pod {
+	pods := make([]*v1.Pod, n)
+	for i := range pods {
+		pods[i] = makePod(i, res, 1)
+	}
+	return pods
+}
+
+// checkAllocations checks that every pod holds exactly one device of its
+// resource and that no device is held twice; it returns the devices held.
+func checkAllocations(s subject, pods []*v1.Pod) (held []string, missing, duplicates int) {
+	seen := map[string]bool{}
+	for _, pod := range pods {
+		var res string
+		for name := range pod.Spec.Containers[0].Resources.Limits {
+			res = string(name)
+		}
+		ids := s.Devices(string(pod.UID), "app", res)
+		if len(ids) != 1 {
+			missing++
+		}
+		for _, id := range ids {
+			key := res + "/" + id
+			if seen[key] {
+				duplicates++
+			}
+			seen[key] = true
+			held = append(held, id)
+		}
+	}
+	return held, missing, duplicates
+}
+
+// w2 admits 1,000 pods of one device each, on 1,000 devices, one after the
+// other.
+func (r *run) w2() error {
+	const n = 1000
+	pods := makePods(n, resGPU)
+	s, err := r.startManager(pods)
+	if err != nil {
+		return err
+	}
+	if _, err := r.plugin(s, resGPU, makeDevices(n)); err != nil {
+		return err
+	}
+	stop, err := r.startProfile()
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	d, err := admitAll(s, pods)
+	total := time.Since(start)
+	stop()
+	if err != nil {
+		return err
+	}
+	r.duration("total_ns", total)
+	r.duration("p50_ns", d.quantile(0.50))
+	r.duration("p99_ns", d.quantile(0.99))
+	r.duration("max_ns", d.quantile(1))
+	r.duration("first100_mean_ns", d[:100].mean())
+	r.duration("last100_mean_ns", d[n-100:].mean())
+	r.metric("checkpoint_bytes", float64(stampOf(checkpointPath(s)).size))
+	if _, missing, dup := checkAllocations(s, pods); missing+dup > 0 {
+		return fmt.Errorf("%d pods without their device, %d devices held twice", missing, dup)
+	}
+	return nil
+}
+
+// w3 sends one ListAndWatch message flipping the health of 10% of 10,000
+// devices (the devices the pods hold, when pods > 0), alternately to unhealthy
+// and back, and times until GetCapacity shows the new allocatable (visible)
+// and until the checkpoint file has been replaced (durable).
+func (r *run) w3(npods, iters int) error {
+	const n = 10000
+	pods := makePods(npods, resGPU)
+	s, err := r.startManager(pods)
+	if err != nil {
+		return err
+	}
+	devs := makeDevices(n)
+	p, err := r.plugin(s, resGPU, devs)
+	if err != nil {
+		return err
+	}
+	flip := map[string]bool{}
+	if npods > 0 {
+		if _, err := admitAll(s, pods); err != nil {
+			return err
+		}
+		held, missing, dup := checkAllocations(s, pods)
+		if missing+dup > 0 {
+			return fmt.Errorf("%d pods without their device, %d devices held twice", missing, dup)
+		}
+		for _, id := range held {
+			flip[id] = true
+		}
+	} else {
+		for _, d := range devs[:n/10] {
+			flip[d.ID] = true
+		}
+	}
+	msgs := [][]*pluginapi.Device{withUnhealthy(devs, flip), devs}
+	want := []int64{int64(n - len(flip)), n}
+	cp := checkpointPath(s)
+	var visible, durable durations
+	stop, err := r.startProfile()
+	if err != nil {
+		return err
+	}
+	defer stop()
+	for i := range iters {
+		before := stampOf(cp)
+		start := time.Now()
+		p.Update(msgs[i%2])
+		if err := waitAllocatable(s, resGPU, want[i%2], settle, nil); err != nil {
+			return err
+		}
+		visible = append(visible, time.Since(start))
+		if err := waitReplaced(cp, before, settle); err != nil {
+			return err
+		}
+		durable = append(durable, time.Since(start))
+		time.Sleep(afterWrite)
+	}
+	r.duration("visible_ns", median(visible))
+	r.duration("visible_min_ns", visible.quantile(0))
+	r.duration("durable_ns", median(durable))
+	r.metric("flipped", float64(len(flip)))
+	return nil
+}
+
+// w4prep leaves, in the run's directory, the checkpoint of 1,000 pods
+// admitted on 1,000 devices by this implementation.
+func (r *run) w4prep() error {
+	const n = 1000
+	pods := makePods(n, resGPU)
+	s, err := r.startManager(pods)
+	if err != nil {
+		return err
+	}
+	if _, err := r.plugin(s, resGPU, makeDevices(n)); err != nil {
+		return err
+	}
+	if _, err := admitAll(s, pods); err != nil {
+		return err
+	}
+	r.metric("checkpoint_bytes", float64(stampOf(checkpointPath(s)).size))
+	return nil
+}
+
+// w4 times NewManagerImpl and Start on the checkpoint w4prep left, until
+// GetCapacity answers with the restored resource.
+func (r *run) w4() error {
+	const n = 1000
+	pods := makePods(n, resGPU)
+	s, err := newSubject(r.impl, r.dir, r.log)
+	if err != nil {
+		return err
+	}
+	list := &podList{}
+	list.set(pods)
+	start := time.Now()
+	err = s.Start(list.get)
+	if err == nil {
+		if _, _, listed := s.Capacity(resGPU); !listed {
+			err = errors.New("the restored resource is missing from GetCapacity")
+		}
+	}
+	elapsed := time.Since(start)
+	r.atExit(s.Stop)
+	if err != nil {
+		return err
+	}
+	r.duration("start_ns", elapsed)
+	restored := 0
+	for _, pod := range pods {
+		if len(s.Devices(string(pod.UID), "app", resGPU)) == 1 {
+			restored++
+		}
+	}
+	r.metric("restored_pods", float64(restored))
+	if restored != n {
+		return fmt.Errorf("restored %d of %d pods", restored, n)
+	}
+	return nil
+}
+
+// w5 admits 500 pods of resource A and 500 of resource B (500 devices each),
+// from one goroutine (alternating A and B) or from two (one per resource).
+func (r *run) w5(goroutines int) error {
+	const perRes = 500
+	podsA, podsB := make([]*v1.Pod, perRes), make([]*v1.Pod, perRes)
+	for i := range perRes {
+		podsA[i] = makePod(i, resA, 1)
+		podsB[i] = makePod(perRes+i, resB, 1)
+	}
+	all := append(slices.Clone(podsA), podsB...)
+	s, err := r.startManager(all)
+	if err != nil {
+		return err
+	}
+	if _, err := r.plugin(s, resA, makeDevices(perRes)); err != nil {
+		return err
+	}
+	if _, err := r.plugin(s, resB, makeDevices(perRes)); err != nil {
+		return err
+	}
+	var lanes [][]*v1.Pod
+	switch goroutines {
+	case 1:
+		lane := make([]*v1.Pod, 0, 2*perRes)
+		for i := range perRes {
+			lane = append(lane, podsA[i], podsB[i])
+		}
+		lanes = [][]*v1.Pod{lane}
+	case 2:
+		lanes = [][]*v1.Pod{podsA, podsB}
+	default:
+		return fmt.Errorf("goroutines must be 1 or 2, not %d", goroutines)
+	}
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		errs   int
+		first  error
+		begin  = make(chan struct{})
+		ctx    = context.Background()
+		record = func(err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			errs++
+			if first == nil {
+				first = err
+			}
+		}
+	)
+	for _, lane := range lanes {
+		wg.Go(func() {
+			<-begin
+			for _, pod := range lane {
+				if err := s.Allocate(ctx, pod, &pod.Spec.Containers[0]); err != nil {
+					record(fmt.Errorf("admit %s: %w", pod.Name, err))
+				}
+			}
+		})
+	}
+	stop, err := r.startProfile()
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	close(begin)
+	wg.Wait()
+	elapsed := time.Since(start)
+	stop()
+	r.duration("wall_ns", elapsed)
+	r.metric("pods_per_s", float64(len(all))/elapsed.Seconds())
+	r.metric("errors", float64(errs))
+	_, missing, dup := checkAllocations(s, all)
+	r.metric("missing", float64(missing))
+	r.metric("duplicates", float64(dup))
+	if first != nil {
+		r.res.Note = first.Error()
+	}
+	return nil
+}
+
+// w6 times GetTopologyHints for a container asking for one of 10,000 devices
+// spread over 2 NUMA nodes.
+func (r *run) w6(iters int) error {
+	const n = 10000
+	pod := makePod(0, resGPU, 1)
+	s, err := r.startManager([]*v1.Pod{pod})
+	if err != nil {
+		return err
+	}
+	if _, err := r.plugin(s, resGPU, makeDevices(n)); err != nil {
+		return err
+	}
+	c := &pod.Spec.Containers[0]
+	hints := 0
+	for range 5 {
+		hints = s.Hints(pod, c, resGPU)
+	}
+	d := make(durations, 0, iters)
+	stop, err := r.startProfile()
+	if err != nil {
+		return err
+	}
+	defer stop()
+	for range iters {
+		start := time.Now()
+		s.Hints(pod, c, resGPU)
+		d = append(d, time.Since(start))
+	}
+	r.duration("call_ns", median(d))
+	r.duration("call_min_ns", d.quantile(0))
+	r.metric("hints", float64(hints))
+	if hints != 3 {
+		return fmt.Errorf("got %d hints, want 3 ({0}, {1} preferred; {0,1})", hints)
+	}
+	return nil
+}
+
+// w3wire is W3's transport alone: the same 10,000-device messages from the
+// same plugin to a bare gRPC client, timed from Update until the client has
+// received and counted the message. No manager can report an update sooner.
+func (r *run) w3wire(iters int) error {
+	const n = 10000
+	devs := makeDevices(n)
+	p, err := startPlugin(r.log, r.dir, resGPU, devs)
+	if err != nil {
+		return err
+	}
+	r.atExit(p.Stop)
+	conn, err := grpc.NewClient("unix://"+p.SocketPath(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
+	if err != nil {
+		return err
+	}
+	r.atExit(func() { _ = conn.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	r.atExit(cancel)
+	stream, err := pluginapi.NewDevicePluginClient(conn).ListAndWatch(ctx, &pluginapi.Empty{})
+	if err != nil {
+		return err
+	}
+	healthy := func() (int, error) {
+		msg, err := stream.Recv()
+		if err != nil {
+			return 0, err
+		}
+		k := 0
+		for _, d := range msg.GetDevices() {
+			if d.GetHealth() == pluginapi.Healthy {
+				k++
+			}
+		}
+		return k, nil
+	}
+	if _, err := healthy(); err != nil {
+		return err
+	}
+	flip := map[string]bool{}
+	for _, d := range devs[:n/10] {
+		flip[d.ID] = true
+	}
+	msgs := [][]*pluginapi.Device{withUnhealthy(devs, flip), devs}
+	want := []int{n - n/10, n}
+	var d durations
+	for i := range iters {
+		start := time.Now()
+		p.Update(msgs[i%2])
+		k, err := healthy()
+		if err != nil {
+			return err
+		}
+		d = append(d, time.Since(start))
+		if k != want[i%2] {
+			return fmt.Errorf("received %d healthy devices, want %d", k, want[i%2])
+		}
+		time.Sleep(afterWrite)
+	}
+	r.duration("visible_ns", median(d))
+	return nil
+}
+
+// floor times the durable write of a file of size bytes on the run's disk:
+// the least a checkpointed admission can cost.
+func (r *run) floor(size, iters int) error {
+	if size <= 0 {
+		return errors.New("floor: -size must be positive")
+	}
+	blob := make([]byte, size)
+	for i := range blob {
+		blob[i] = "0123456789abcdef"[i%16]
+	}
+	d := make(durations, 0, iters)
+	for range iters {
+		start := time.Now()
+		if err := durableWrite(r.dir, checkpointName, blob); err != nil {
+			return err
+		}
+		d = append(d, time.Since(start))
+	}
+	r.duration("write_ns", median(d))
+	r.duration("write_min_ns", d.quantile(0))
+	r.metric("bytes", float64(size))
+	return nil
+}
