@@ -24,7 +24,8 @@ type SelectInput struct {
 	// Reusable is the reuse pool for the resource, in the order to take it
 	// (sort it for determinism). Its devices are taken first, unchecked.
 	Reusable []string
-	// Available: healthy devices that no record or reservation holds.
+	// Available: healthy devices that no record or reservation holds. The
+	// selection reads it and never modifies it.
 	Available sets.Set[string]
 	// Tiers partition Available; IDs outside Available are ignored.
 	Tiers Tiers
@@ -77,7 +78,12 @@ func start(in SelectInput) (s *selection, done bool, err error) {
 	if s.needed <= 0 || s.take(in.Reusable, nil) {
 		return s, true, nil
 	}
-	s.free = in.Available.Difference(s.has)
+	// free is only read: with nothing reused it is Available itself, not a
+	// copy of a set as large as the node's free devices.
+	s.free = in.Available
+	if s.has.Len() > 0 {
+		s.free = in.Available.Difference(s.has)
+	}
 	if len(s.free) < s.needed {
 		return nil, false, &InsufficientDevicesError{
 			Resource: in.Resource, Requested: s.needed, Available: len(s.free),
