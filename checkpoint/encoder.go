@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"strconv"
 	"sync"
+	"sync/atomic"
 )
 
 // EncodedEntry is an allocation record with its two encodings: the JSON
@@ -16,6 +17,39 @@ type EncodedEntry struct {
 	once  sync.Once
 	json  []byte
 	text  []byte
+
+	// hashed counts the passes Encoders made over text; past
+	// transferAfter, the entry is given a transfer and hashed through it.
+	hashed   atomic.Uint32
+	transfer atomic.Pointer[fnvTransfer]
+}
+
+// transferAfter is how many plain passes over an entry's text come before
+// its transfer is computed. A transfer costs about 40 passes, so waiting
+// for 32 keeps the work within twice the best choice made in hindsight for
+// an entry hashed any number of times, and ledgers of a few dozen pods,
+// where few entries are hashed that often, rarely pay for one.
+var transferAfter uint32 = 32
+
+// transferBudget bounds the text, in bytes, for which one Encode computes
+// transfers (one more is allowed to start under it), so that a ledger
+// restored with many entries spreads the work over many admissions instead
+// of stalling one.
+var transferBudget = 4096
+
+// hashFrom returns the state after e's text from state h, computing e's
+// transfer when it has earned one and budget (bytes) allows.
+func (e *EncodedEntry) hashFrom(h uint32, text []byte, budget *int) uint32 {
+	if t := e.transfer.Load(); t != nil {
+		return t.apply(h)
+	}
+	if e.hashed.Add(1) > transferAfter && *budget > 0 {
+		*budget -= len(text)
+		t := newFNVTransfer(text)
+		e.transfer.Store(t)
+		return t.apply(h)
+	}
+	return fnvUpdate(h, text)
 }
 
 // EncodeEntry wraps e. e's maps and slices are kept, not copied: they must
@@ -40,9 +74,12 @@ func (e *EncodedEntry) encoded() (json, text []byte) {
 // what New(entries, registered).MarshalCheckpoint writes, and remembers the
 // last document: the next one is hashed and assembled only from the first
 // entry that differs (compared by identity), the rest being reused. A ledger
-// that keeps its entries sorted and appends new records at the end pays for
-// the new record and the registered devices only; an insertion in the middle
-// costs the entries after it.
+// that appends new records at the end pays for the new record and the
+// registered devices only. An insertion in the middle must hash the entries
+// after it again, from the new state; an entry hashed that way often enough
+// gets a transfer (see fnvTransfer), after which it costs a few nanoseconds
+// instead of a pass over its text, so that admissions stay flat as the
+// ledger grows.
 //
 // The FNV-1a state after each entry is what makes this possible: the
 // kubelet's checksum is a hash over the whole text, so a change can only be
@@ -64,6 +101,56 @@ type Encoder struct {
 	// admission, and allocating each anew costs garbage collection.
 	spare []byte
 	valid bool
+
+	// tail is the text after the entries in the last document (the
+	// registered devices, which change far less often than entries), and
+	// tailScratch the buffer the next one is built in. tailSame counts the
+	// documents in a row that had this tail; once it passes transferAfter,
+	// a transfer of the tail is built a slice at a time (tailDone bytes
+	// so far, in tailPart), and tailTransfer hashes it when complete.
+	tail, tailScratch []byte
+	tailSame          uint32
+	tailDone          int
+	tailPart          *fnvTransfer
+	tailTransfer      *fnvTransfer
+}
+
+// hashTail returns the checksum: state h continued over the text after the
+// entries.
+func (c *Encoder) hashTail(h uint32, isNil bool, registered map[string][]string) uint32 {
+	t := c.tailScratch[:0]
+	if !isNil {
+		t = append(t, ']')
+	}
+	t = append(t, docRegistered...)
+	t = appendRegisteredText(t, registered)
+	t = append(t, '}')
+	if c.tail != nil && string(t) == string(c.tail) {
+		c.tailScratch = t
+		c.tailSame++
+	} else {
+		c.tail, c.tailScratch = t, c.tail
+		c.tailSame, c.tailDone, c.tailPart, c.tailTransfer = 0, 0, nil, nil
+	}
+	if c.tailTransfer != nil {
+		return c.tailTransfer.apply(h)
+	}
+	if c.tailSame > transferAfter {
+		// Each document builds a slice of about 1/32 of the tail (at least
+		// the budget), so that no single admission pays for all of it.
+		n := max(transferBudget, len(c.tail)/32)
+		end := min(c.tailDone+n, len(c.tail))
+		if c.tailPart == nil {
+			c.tailPart = identityTransfer()
+		}
+		c.tailPart = c.tailPart.then(newFNVTransfer(c.tail[c.tailDone:end]))
+		c.tailDone = end
+		if end == len(c.tail) {
+			c.tailTransfer, c.tailPart = c.tailPart, nil
+			return c.tailTransfer.apply(h)
+		}
+	}
+	return fnvUpdate(h, c.tail)
 }
 
 // Encode returns the checkpoint document of entries (in the order given; nil
@@ -100,22 +187,16 @@ func (c *Encoder) Encode(entries []*EncodedEntry, registered map[string][]string
 	} else {
 		h = c.states[k]
 	}
+	budget := transferBudget
 	for i := k; i < len(entries); i++ {
 		if i > 0 {
-			h = fnvUpdate(h, []byte{' '})
+			h = (h ^ ' ') * fnvPrime32
 		}
 		_, text := entries[i].encoded()
-		h = fnvUpdate(h, text)
+		h = entries[i].hashFrom(h, text, &budget)
 		c.states = append(c.states, h)
 	}
-	tail := make([]byte, 0, 64+sizeHint(registered))
-	if !isNil {
-		tail = append(tail, ']')
-	}
-	tail = append(tail, docRegistered...)
-	tail = appendRegisteredText(tail, registered)
-	tail = append(tail, '}')
-	sum := uint64(fnvUpdate(h, tail))
+	sum := uint64(c.hashTail(h, isNil, registered))
 
 	// The JSON: the bytes of the unchanged entries, then the rest.
 	size := 0
