@@ -201,16 +201,26 @@ func compareMain(args []string) error {
 		if floorSize > 0 {
 			floors = append(floors, job{"floor", "", []string{"-size", fmt.Sprint(floorSize)}})
 		}
+		// And on files of the sizes the checkpoint has in the middle of W2's
+		// first and last 100 admissions, which W2's growth is judged by.
+		if w2 := d.results["W2"]["devmgr"]; len(w2) > 0 && w2[len(w2)-1].Status == statusOK {
+			m := w2[len(w2)-1].Metrics
+			for _, v := range []string{"first100", "last100"} {
+				if size := int(m[v+"_bytes"]); size > 0 {
+					floors = append(floors, job{"floor", v, []string{"-size", fmt.Sprint(size)}})
+				}
+			}
+		}
 		if slices.ContainsFunc(selected, func(j job) bool { return j.workload == "W3" }) {
 			floors = append(floors, job{"W3wire", "", nil})
 		}
 		for _, j := range floors {
 			impl := map[string]string{"floor": "disk", "W3wire": "wire"}[j.workload]
-			dir := filepath.Join(base, fmt.Sprintf("r%d-%s", r+1, j.workload))
+			dir := filepath.Join(base, fmt.Sprintf("r%d-%s%s", r+1, j.workload, j.variant))
 			res := d.child(ctx, impl, dir, j.workload, j.args)
 			_ = os.RemoveAll(dir)
 			d.add(j, res)
-			logf("run %d/%d %-12s %-7s %s", r+1, *runs, j.workload, impl, summary(res))
+			logf("run %d/%d %-12s %-7s %s", r+1, *runs, j.name(), impl, summary(res))
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()

@@ -265,7 +265,7 @@ func (r *report) method() {
 	r.p("- *Visible*: from the plugin's `Update` (or `Register`) until `GetCapacity`, polled in a tight loop (yielding between polls), shows the new allocatable. *Durable*: until the checkpoint file has been replaced (the rename; devmgr's directory fsync after it is not included). Both implementations update their state before writing the checkpoint. Neither module exposes its ListAndWatch callback, so this end-to-end time includes the plugin's send and the gRPC transfer; the floor below (W3's message alone, to a bare gRPC client) is that part. After every write seen on disk a run pauses 100 ms before its next timed step, so that no step pays for the tail of the previous write.\n")
 	r.p("- W1: register a plugin with N devices, then one update making 10%% of them unhealthy. W2: 1,000 pods admitted one after the other on 1,000 devices. W3: 10 updates per run, alternately flipping 10%% of 10,000 devices to unhealthy and back (with 1,000 pods: exactly the devices they hold); median per run. W4: a process admits 1,000 pods and stops; then each run, in a fresh process, times NewManagerImpl+Start+GetCapacity on that checkpoint. W5: 500 pods each of two resources (500 devices each); throughput of admitting all 1,000. W6: 200 calls, median per call, for a container asking for one of 10,000 devices.\n")
 	if r.floorLen > 0 {
-		r.p("- The floor: one durable write (temp file, write, fsync, rename, fsync of the directory) of %s, the size of devmgr's checkpoint after W4's 1,000 admissions, on the same disk; 30 writes per run, median.\n", formatBytes(float64(r.floorLen)))
+		r.p("- The floor: one durable write (temp file, write, fsync, rename, fsync of the directory) of %s, the size of devmgr's checkpoint after W4's 1,000 admissions, on the same disk; 30 writes per run, median. The same on files of the checkpoint's size after 50 and after 950 of W2's admissions (the middle of its first and of its last 100), so that W2's growth can be set against the disk's own.\n", formatBytes(float64(r.floorLen)))
 	}
 	r.p("- Peak RSS is VmHWM of the run's process, which also hosts the plugin (identical on both sides) and links both implementations.\n\n")
 }
@@ -287,11 +287,21 @@ func (r *report) table() {
 			r.rssCell(row.job, "devmgr"), r.rssCell(row.job, "kubelet"))
 	}
 	r.p("\n")
-	if r.results["floor"] != nil || r.results["W3wire"] != nil {
+	if r.results["floor"] != nil || r.results["floor/first100"] != nil || r.results["W3wire"] != nil {
 		r.p("Floors, measured in the same runs with no manager at all:\n\n| floor | median [min–max] | peak RSS |\n|---|---|---|\n")
 		if r.results["floor"] != nil {
 			r.p("| one durable write of %s (temp file, fsync, rename, directory fsync) | %s | %s |\n",
 				formatBytes(float64(r.floorLen)), r.cell("floor", "disk", "write_ns"), r.rssCell("floor", "disk"))
+		}
+		for _, v := range []struct{ name, when string }{
+			{"first100", "in the middle of W2's first 100 admissions"},
+			{"last100", "in the middle of W2's last 100"},
+		} {
+			job := "floor/" + v.name
+			if sizes := finite(r.values("W2", "devmgr", v.name+"_bytes")); r.results[job] != nil && sizes.ok() {
+				r.p("| the same, of %s (the checkpoint's size %s) | %s | %s |\n",
+					formatBytes(sizes.med()), v.when, r.cell(job, "disk", "write_ns"), r.rssCell(job, "disk"))
+			}
 		}
 		if r.results["W3wire"] != nil {
 			r.p("| W3's message alone: plugin Update until a bare gRPC client has received the 10,000 devices | %s | %s |\n",
@@ -346,6 +356,11 @@ func (r *report) targets() {
 	if g := finite(growth); g.ok() {
 		v.measured = fmt.Sprintf("%.3gx (per run %.3g–%.3g)", g.med(), g.low(), g.high())
 		v.pass = pass(g.med() <= 1.3)
+		f, l := finite(r.values("floor/first100", "disk", "write_ns")), finite(r.values("floor/last100", "disk", "write_ns"))
+		if f.ok() && l.ok() {
+			v.measured += fmt.Sprintf("; the disk alone, on files of those sizes: %.3gx (%s → %s)",
+				l.med()/f.med(), formatNs(f.med()), formatNs(l.med()))
+		}
 	}
 	vs = append(vs, v)
 

@@ -61,7 +61,7 @@ func formatValue(metric string, v float64) string {
 		return formatNs(v)
 	case strings.HasSuffix(metric, "_per_s"):
 		return fmt.Sprintf("%.0f/s", v)
-	case strings.HasSuffix(metric, "_bytes"):
+	case metric == "bytes" || strings.HasSuffix(metric, "_bytes"):
 		return formatBytes(v)
 	}
 	return fmt.Sprintf("%.4g", v)

@@ -270,16 +270,20 @@ func (r *run) w1(n int) error {
 }
 
 // admitAll admits pods one after the other and returns each admission's
-// duration.
-func admitAll(s subject, pods []*v1.Pod) (durations, error) {
+// duration. after, when not nil, is called after admission i, outside the
+// timed part.
+func admitAll(s subject, pods []*v1.Pod, after func(i int)) (durations, error) {
 	out := make(durations, 0, len(pods))
 	ctx := context.Background()
-	for _, pod := range pods {
+	for i, pod := range pods {
 		start := time.Now()
 		if err := s.Allocate(ctx, pod, &pod.Spec.Containers[0]); err != nil {
 			return out, fmt.Errorf("admit %s: %w", pod.Name, err)
 		}
 		out = append(out, time.Since(start))
+		if after != nil {
+			after(i)
+		}
 	}
 	return out, nil
 }
@@ -333,8 +337,18 @@ func (r *run) w2() error {
 	if err != nil {
 		return err
 	}
+	// The checkpoint's size in the middle of the first and of the last 100
+	// admissions: the driver times the disk alone on files of those sizes.
+	var sizeFirst, sizeLast int64
 	start := time.Now()
-	d, err := admitAll(s, pods)
+	d, err := admitAll(s, pods, func(i int) {
+		switch i {
+		case 49:
+			sizeFirst = stampOf(checkpointPath(s)).size
+		case n - 51:
+			sizeLast = stampOf(checkpointPath(s)).size
+		}
+	})
 	total := time.Since(start)
 	stop()
 	if err != nil {
@@ -347,6 +361,8 @@ func (r *run) w2() error {
 	r.duration("first100_mean_ns", d[:100].mean())
 	r.duration("last100_mean_ns", d[n-100:].mean())
 	r.metric("checkpoint_bytes", float64(stampOf(checkpointPath(s)).size))
+	r.metric("first100_bytes", float64(sizeFirst))
+	r.metric("last100_bytes", float64(sizeLast))
 	if _, missing, dup := checkAllocations(s, pods); missing+dup > 0 {
 		return fmt.Errorf("%d pods without their device, %d devices held twice", missing, dup)
 	}
@@ -371,7 +387,7 @@ func (r *run) w3(npods, iters int) error {
 	}
 	flip := map[string]bool{}
 	if npods > 0 {
-		if _, err := admitAll(s, pods); err != nil {
+		if _, err := admitAll(s, pods, nil); err != nil {
 			return err
 		}
 		held, missing, dup := checkAllocations(s, pods)
@@ -428,7 +444,7 @@ func (r *run) w4prep() error {
 	if _, err := r.plugin(s, resGPU, makeDevices(n)); err != nil {
 		return err
 	}
-	if _, err := admitAll(s, pods); err != nil {
+	if _, err := admitAll(s, pods, nil); err != nil {
 		return err
 	}
 	r.metric("checkpoint_bytes", float64(stampOf(checkpointPath(s)).size))
