@@ -1,25 +1,30 @@
 package checkpoint
 
 import (
+	"maps"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
-// EncodedEntry is an allocation record with its two encodings: the JSON
-// object of the file and the text the checksum hashes. They are computed
-// once, the first time a checkpoint is encoded with the entry (so restoring a
-// ledger from a file costs no encoding), and the entry never changes; a
-// ledger that keeps one per record lets an Encoder write a checkpoint without
-// encoding unchanged records again. Safe for concurrent use.
+// EncodedEntry is an allocation record with its JSON object, computed once,
+// the first time a checkpoint is encoded with the entry (so restoring a
+// ledger from a file costs no encoding); the entry never changes. A ledger
+// that keeps one per record lets an Encoder write a checkpoint without
+// encoding unchanged records again. The text the checksum hashes is not
+// kept: it is twice the size of the JSON, and an entry hashed often gets a
+// transfer instead (see fnvTransfer), so the text is written out again, into
+// the Encoder's buffer, only the few times it is hashed plainly. Safe for
+// concurrent use.
 type EncodedEntry struct {
 	entry PodDevicesEntry
 	once  sync.Once
 	json  []byte
-	text  []byte
 
-	// hashed counts the passes Encoders made over text; past
-	// transferAfter, the entry is given a transfer and hashed through it.
+	// hashed counts the plain passes Encoders made over the entry's text;
+	// past transferAfter, the entry is given a transfer and hashed
+	// through it.
 	hashed   atomic.Uint32
 	transfer atomic.Pointer[fnvTransfer]
 }
@@ -38,18 +43,20 @@ var transferAfter uint32 = 32
 var transferBudget = 4096
 
 // hashFrom returns the state after e's text from state h, computing e's
-// transfer when it has earned one and budget (bytes) allows.
-func (e *EncodedEntry) hashFrom(h uint32, text []byte, budget *int) uint32 {
+// transfer when it has earned one and budget (bytes) allows. buf is scratch
+// space for the text; the grown buffer is returned.
+func (e *EncodedEntry) hashFrom(h uint32, buf []byte, budget *int) (uint32, []byte) {
 	if t := e.transfer.Load(); t != nil {
-		return t.apply(h)
+		return t.apply(h), buf
 	}
+	text := appendEntryText(buf[:0], &e.entry)
 	if e.hashed.Add(1) > transferAfter && *budget > 0 {
 		*budget -= len(text)
 		t := newFNVTransfer(text)
 		e.transfer.Store(t)
-		return t.apply(h)
+		return t.apply(h), text
 	}
-	return fnvUpdate(h, text)
+	return fnvUpdate(h, text), text
 }
 
 // EncodeEntry wraps e. e's maps and slices are kept, not copied: they must
@@ -59,15 +66,14 @@ func EncodeEntry(e PodDevicesEntry) *EncodedEntry { return &EncodedEntry{entry: 
 // Entry returns the record.
 func (e *EncodedEntry) Entry() PodDevicesEntry { return e.entry }
 
-// encoded returns the JSON object and the hashed text, computing them once.
-func (e *EncodedEntry) encoded() (json, text []byte) {
+// encoded returns the JSON object, computing it once.
+func (e *EncodedEntry) encoded() []byte {
 	e.once.Do(func() {
 		json := appendEntryHead(nil, e.entry.PodUID, e.entry.ContainerName, e.entry.ResourceName)
 		json = appendNUMA(json, e.entry.DeviceIDs)
 		e.json = appendEntryTail(json, e.entry.AllocResp)
-		e.text = appendEntryText(nil, &e.entry)
 	})
-	return e.json, e.text
+	return e.json
 }
 
 // Encoder writes checkpoint documents from encoded entries, byte for byte
@@ -102,61 +108,100 @@ type Encoder struct {
 	spare []byte
 	valid bool
 
-	// tail is the text after the entries in the last document (the
-	// registered devices, which change far less often than entries), and
-	// tailScratch the buffer the next one is built in. tailSame counts the
-	// documents in a row that had this tail; once it passes transferAfter,
-	// a transfer of the tail is built a slice at a time (tailDone bytes
-	// so far, in tailPart), and tailTransfer hashes it when complete.
-	tail, tailScratch []byte
-	tailSame          uint32
-	tailDone          int
-	tailPart          *fnvTransfer
-	tailTransfer      *fnvTransfer
+	// The text after the entries is the registered devices, which change
+	// far less often than entries. prevReg and prevNil tell whether it is
+	// the same as last time; tailSame counts the documents in a row that
+	// had it. Past transferAfter, a transfer of it is built a slice at a
+	// time (tailDone bytes so far, in tailPart), and tailTransfer hashes
+	// it once complete. Until then the text is written out again for each
+	// document, into tailBuf (40 bytes per device, megabytes for the plugins
+	// that advertise 100,000 IDs), which is dropped once the transfer is
+	// complete.
+	prevReg      map[string][]string
+	prevTailNil  bool
+	tailSame     uint32
+	tailDone     int
+	tailPart     *fnvTransfer
+	tailTransfer *fnvTransfer
+	tailBuf      []byte
+
+	// text is scratch space for an entry's hashed text.
+	text []byte
 }
 
 // hashTail returns the checksum: state h continued over the text after the
 // entries.
 func (c *Encoder) hashTail(h uint32, isNil bool, registered map[string][]string) uint32 {
-	t := c.tailScratch[:0]
-	if !isNil {
-		t = append(t, ']')
-	}
-	t = append(t, docRegistered...)
-	t = appendRegisteredText(t, registered)
-	t = append(t, '}')
-	if c.tail != nil && string(t) == string(c.tail) {
-		c.tailScratch = t
+	if c.prevReg != nil && isNil == c.prevTailNil && sameRegistered(registered, c.prevReg) {
 		c.tailSame++
 	} else {
-		c.tail, c.tailScratch = t, c.tail
+		c.prevReg, c.prevTailNil = maps.Clone(registered), isNil
+		if c.prevReg == nil {
+			c.prevReg = map[string][]string{}
+		}
 		c.tailSame, c.tailDone, c.tailPart, c.tailTransfer = 0, 0, nil, nil
 	}
 	if c.tailTransfer != nil {
 		return c.tailTransfer.apply(h)
 	}
+	if cap(c.tailBuf) == 0 {
+		c.tailBuf = make([]byte, 0, 64+sizeHint(registered))
+	}
+	tail := appendTailText(c.tailBuf[:0], isNil, registered)
+	c.tailBuf = tail
 	if c.tailSame > transferAfter {
 		// Each document builds a slice of about 1/32 of the tail (at least
 		// the budget), so that no single admission pays for all of it.
-		n := max(transferBudget, len(c.tail)/32)
-		end := min(c.tailDone+n, len(c.tail))
+		n := max(transferBudget, len(tail)/32)
+		end := min(c.tailDone+n, len(tail))
 		if c.tailPart == nil {
 			c.tailPart = identityTransfer()
 		}
-		c.tailPart = c.tailPart.then(newFNVTransfer(c.tail[c.tailDone:end]))
+		c.tailPart = c.tailPart.then(newFNVTransfer(tail[c.tailDone:end]))
 		c.tailDone = end
-		if end == len(c.tail) {
-			c.tailTransfer, c.tailPart = c.tailPart, nil
+		if end == len(tail) {
+			c.tailTransfer, c.tailPart, c.tailBuf = c.tailPart, nil, nil
 			return c.tailTransfer.apply(h)
 		}
 	}
-	return fnvUpdate(h, c.tail)
+	return fnvUpdate(h, tail)
+}
+
+// appendTailText appends the hashed text after the entries.
+func appendTailText(b []byte, isNil bool, registered map[string][]string) []byte {
+	if !isNil {
+		b = append(b, ']')
+	}
+	b = append(b, docRegistered...)
+	b = appendRegisteredText(b, registered)
+	return append(b, '}')
+}
+
+// sameRegistered reports whether a has the keys of b and, for each, the very
+// same slice (array and length), nil and empty told apart; a nil map is
+// only the same as another nil map (its text differs from an empty one's).
+func sameRegistered(a, b map[string][]string) bool {
+	if len(a) != len(b) || (a == nil) != (b == nil) {
+		return false
+	}
+	for k, v := range a {
+		w, ok := b[k]
+		if !ok || len(v) != len(w) || unsafe.SliceData(v) != unsafe.SliceData(w) {
+			return false
+		}
+	}
+	return true
 }
 
 // Encode returns the checkpoint document of entries (in the order given; nil
 // and empty differ, as in New) and registered, and its checksum. The
 // document is the caller's until the second Encode after this one, which
 // writes over its memory.
+//
+// registered's slices are compared with the previous call's by identity,
+// not content: passing the same slice (same array, same length) again
+// promises the same IDs. A caller that changes IDs in place must pass a new
+// slice; one that passes equal IDs in a new slice only loses a shortcut.
 func (c *Encoder) Encode(entries []*EncodedEntry, registered map[string][]string) ([]byte, uint64) {
 	isNil := entries == nil
 	k := 0
@@ -192,8 +237,7 @@ func (c *Encoder) Encode(entries []*EncodedEntry, registered map[string][]string
 		if i > 0 {
 			h = (h ^ ' ') * fnvPrime32
 		}
-		_, text := entries[i].encoded()
-		h = entries[i].hashFrom(h, text, &budget)
+		h, c.text = entries[i].hashFrom(h, c.text, &budget)
 		c.states = append(c.states, h)
 	}
 	sum := uint64(c.hashTail(h, isNil, registered))
@@ -201,7 +245,7 @@ func (c *Encoder) Encode(entries []*EncodedEntry, registered map[string][]string
 	// The JSON: the bytes of the unchanged entries, then the rest.
 	size := 0
 	for i := k; i < len(entries); i++ {
-		json, _ := entries[i].encoded()
+		json := entries[i].encoded()
 		size += len(json) + 1
 	}
 	need := 64 + size + sizeHint(registered)
@@ -223,7 +267,7 @@ func (c *Encoder) Encode(entries []*EncodedEntry, registered map[string][]string
 		if i > 0 {
 			blob = append(blob, ',')
 		}
-		json, _ := entries[i].encoded()
+		json := entries[i].encoded()
 		blob = append(blob, json...)
 		c.offsets = append(c.offsets, len(blob))
 	}

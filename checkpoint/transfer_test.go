@@ -105,7 +105,7 @@ func TestEncoderTransfersAreEarnedAndBudgeted(t *testing.T) {
 		before := countTransfers(enc)
 		c.Encode(enc, registered)
 		made := countTransfers(enc) - before
-		_, text := enc[0].encoded()
+		text := appendEntryText(nil, &enc[0].entry)
 		if limit := transferBudget/len(text) + 1; made > limit {
 			t.Fatalf("one Encode computed %d transfers, budget allows %d", made, limit)
 		}
@@ -178,6 +178,40 @@ func TestEncoderTailTransfer(t *testing.T) {
 		complete++
 	}
 	if complete != 2 {
-		t.Fatalf("tail transfer complete %d times of 2 (tail %d bytes)", complete, len(c.tail))
+		t.Fatalf("tail transfer complete %d times of 2", complete)
+	}
+}
+
+// The registered devices are "the same" only as the very same slices: equal
+// IDs in new slices, nil against empty, one key more or less all count as a
+// change, and every document stays what a fresh Data writes.
+func TestEncoderRegisteredIdentity(t *testing.T) {
+	withTransfers(t, 0, 1<<30)
+	ids := []string{"a", "b"}
+	cases := []struct {
+		name string
+		a, b map[string][]string
+		same bool
+	}{
+		{"same slices", map[string][]string{"r": ids}, map[string][]string{"r": ids}, true},
+		{"equal IDs, new slice", map[string][]string{"r": ids}, map[string][]string{"r": {"a", "b"}}, false},
+		{"shorter view of the same array", map[string][]string{"r": ids}, map[string][]string{"r": ids[:1]}, false},
+		{"nil and empty slice", map[string][]string{"r": nil}, map[string][]string{"r": {}}, false},
+		{"nil and empty map", nil, map[string][]string{}, false},
+		{"one key more", map[string][]string{"r": ids}, map[string][]string{"r": ids, "s": nil}, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := sameRegistered(tc.a, tc.b); got != tc.same {
+				t.Fatalf("sameRegistered = %v, want %v", got, tc.same)
+			}
+			var c Encoder
+			enc := encodeAll([]PodDevicesEntry{{PodUID: "p", ContainerName: "c", ResourceName: "r"}})
+			for step := range 4 {
+				checkEncode(t, &c, enc, tc.a, fmt.Sprintf("a, step %d", step))
+			}
+			checkEncode(t, &c, enc, tc.b, "b")
+			checkEncode(t, &c, enc, tc.a, "a again")
+		})
 	}
 }
