@@ -199,16 +199,28 @@ func (r *report) ratio(job, metric string) (med float64, lo, hi float64, ok bool
 }
 
 func (r *report) rss(job, impl string) (float64, bool) {
+	xs := r.rssValues(job, impl)
+	if len(xs) == 0 {
+		return 0, false
+	}
+	return medianOf(xs), true
+}
+
+// rssValues returns the peak RSS of every run, in KiB.
+func (r *report) rssValues(job, impl string) []float64 {
 	var xs []float64
 	for _, res := range r.results[job][impl] {
 		if res.PeakRSS > 0 {
 			xs = append(xs, float64(res.PeakRSS))
 		}
 	}
-	if len(xs) == 0 {
-		return 0, false
-	}
-	return medianOf(xs), true
+	return xs
+}
+
+// rssSpread is the median peak RSS of job's runs with their range, in MiB.
+func (r *report) rssSpread(job, impl string) string {
+	xs := r.rssValues(job, impl)
+	return fmt.Sprintf("%.1f [%.1f–%.1f]", medianOf(xs)/1024, slices.Min(xs)/1024, slices.Max(xs)/1024)
 }
 
 // allOK reports whether every run of job by impl completed.
@@ -267,7 +279,7 @@ func (r *report) method() {
 	if r.floorLen > 0 {
 		r.p("- The floor: one durable write (temp file, write, fsync, rename, fsync of the directory) of %s, the size of devmgr's checkpoint after W4's 1,000 admissions, on the same disk; 30 writes per run, median. The same on files of the checkpoint's size after 50 and after 950 of W2's admissions (the middle of its first and of its last 100), so that W2's growth can be set against the disk's own.\n", formatBytes(float64(r.floorLen)))
 	}
-	r.p("- Peak RSS is VmHWM of the run's process, which also hosts the plugin (identical on both sides) and links both implementations.\n\n")
+	r.p("- Peak RSS is VmHWM of the run's process, which also hosts the plugin (identical on both sides) and links both implementations. It moves by several MiB from run to run of the same workload (it depends on when the garbage collector runs), so where devmgr's median is the higher the targets show both ranges.\n\n")
 }
 
 func (r *report) table() {
@@ -433,7 +445,7 @@ func (r *report) targets() {
 		}
 		compared = append(compared, j.name())
 		if a > b {
-			worse = append(worse, fmt.Sprintf("%s %.1f > %.1f MiB", j.name(), a/1024, b/1024))
+			worse = append(worse, fmt.Sprintf("%s %s > %s MiB", j.name(), r.rssSpread(j.name(), "devmgr"), r.rssSpread(j.name(), "kubelet")))
 		}
 	}
 	if len(compared) > 0 {
