@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -304,6 +305,43 @@ func durableWrite(dir, name string, blob []byte) error {
 	if err != nil {
 		_ = os.Remove(tmp)
 		return err
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// exchangeWrite writes blob to dir/name the way devmgr's store does once a
+// checkpoint exists: over a spare file (created on first use), fdatasync,
+// exchange with the target (renameat2 RENAME_EXCHANGE), fsync of the
+// directory. The target must exist.
+func exchangeWrite(dir, name string, blob []byte) error {
+	spare := filepath.Join(dir, ".floor-spare")
+	f, err := os.OpenFile(spare, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteAt(blob, 0)
+	if err == nil {
+		err = f.Truncate(int64(len(blob)))
+	}
+	if err == nil {
+		err = unix.Fdatasync(int(f.Fd()))
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = unix.Renameat2(unix.AT_FDCWD, spare, unix.AT_FDCWD, filepath.Join(dir, name), unix.RENAME_EXCHANGE)
+	}
+	if err != nil {
+		return fmt.Errorf("exchange write: %w", err)
 	}
 	d, err := os.Open(dir)
 	if err != nil {

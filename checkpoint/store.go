@@ -46,10 +46,22 @@ type fileStore struct {
 // NewManager returns a Manager that keeps checkpoints as files in dir. It touches
 // no files: the directory is created (mode 0755) by the first write.
 //
-// A write goes to a temporary file in dir (mode 0600), is synced, renamed over
-// the checkpoint, and the directory is synced, so that after a crash the file
-// holds either the previous or the new checkpoint, never a mix. A write that
-// fails at any step leaves the previous checkpoint and no temporary file.
+// A write goes to a file beside the checkpoint (mode 0600), is synced, takes
+// the checkpoint's place in one atomic step, and the directory is synced, so
+// that after a crash the checkpoint holds either the previous or the new
+// content, never a mix. A write that fails at any step leaves the previous
+// checkpoint and no other file.
+//
+// The file written is the key's spare, SpareName(key): once a checkpoint
+// exists, a write exchanges the two files (renameat2 RENAME_EXCHANGE), so the
+// previous content becomes the spare and the next write overwrites blocks
+// the file system has already allocated. On a kubelet's disk that halves the
+// cost of a durable write of a large checkpoint, and it lets writes go on
+// while the disk is full as long as the content does not outgrow them. The
+// spare is never read; a spare that is not a plain regular file of mode
+// 0600 with one link is left alone and a new temporary file (a "." followed
+// by digits) is renamed over the checkpoint instead, as on file systems
+// that cannot exchange.
 //
 // Keys follow the kubelet's rule: at most 250 characters of [A-Za-z0-9-_.],
 // starting and ending with a letter or digit.
@@ -101,15 +113,24 @@ func (s *fileStore) CreateCheckpoint(key string, cp Checkpoint) error {
 	return s.writeLocked(key, blob)
 }
 
-// writeLocked replaces the file of key with blob through a synced temporary
-// file. Expects s.mu held.
+// SpareName is the name, in the checkpoint directory, of the file the store
+// writes key's next content into: "." + key + "~". Like every name starting
+// with ".", ListCheckpoints skips it, and so does the kubelet's own store.
+func SpareName(key string) string { return tempPrefix + key + "~" }
+
+// writeLocked replaces the file of key with blob through the spare or a
+// temporary file, synced before it takes the checkpoint's place. Expects
+// s.mu held.
 func (s *fileStore) writeLocked(key string, blob []byte) (err error) {
 	if err := s.fs.MkdirAll(s.dir, 0o755); err != nil {
 		return fmt.Errorf("create checkpoint directory: %w", err)
 	}
-	f, err := s.fs.CreateTemp(s.dir, tempPrefix)
-	if err != nil {
-		return fmt.Errorf("create temporary checkpoint file in %s: %w", s.dir, err)
+	f, spareErr := s.fs.OpenSpare(filepath.Join(s.dir, SpareName(key)))
+	spare := spareErr == nil
+	if !spare {
+		if f, err = s.fs.CreateTemp(s.dir, tempPrefix); err != nil {
+			return fmt.Errorf("create temporary checkpoint file in %s: %w", s.dir, err)
+		}
 	}
 	tmp := f.Name()
 	defer func() {
@@ -119,9 +140,16 @@ func (s *fileStore) writeLocked(key string, blob []byte) (err error) {
 			}
 		}
 	}()
-	// The os errors below name the file and the operation already.
-	if _, err := f.Write(blob); err != nil {
+	// The os errors below name the file and the operation already. A spare
+	// holds an older checkpoint: it is overwritten from the start and cut to
+	// the new length.
+	if _, err := f.WriteAt(blob, 0); err != nil {
 		return errors.Join(fmt.Errorf("write checkpoint: %w", err), f.Close())
+	}
+	if spare {
+		if err := f.Truncate(int64(len(blob))); err != nil {
+			return errors.Join(fmt.Errorf("write checkpoint: %w", err), f.Close())
+		}
 	}
 	if err := f.Sync(); err != nil {
 		return errors.Join(fmt.Errorf("write checkpoint: %w", err), f.Close())
@@ -129,11 +157,24 @@ func (s *fileStore) writeLocked(key string, blob []byte) (err error) {
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("write checkpoint: %w", err)
 	}
-	if err := s.fs.Rename(tmp, s.path(key)); err != nil {
-		return fmt.Errorf("write checkpoint: %w", err)
+	// A spare changes places with a regular checkpoint file, and becomes the
+	// spare of the next write; anything else is replaced by a rename (which
+	// fails on a directory, as the kubelet's store does).
+	dst := s.path(key)
+	exchanged := false
+	if spare {
+		if info, err := s.fs.Lstat(dst); err == nil && info.Mode().IsRegular() {
+			exchanged = s.fs.Exchange(tmp, dst) == nil
+		}
 	}
-	// The rename is done: from here on the temporary file no longer exists and
-	// the checkpoint holds the new content; only its durability is in doubt.
+	if !exchanged {
+		if err := s.fs.Rename(tmp, dst); err != nil {
+			return fmt.Errorf("write checkpoint: %w", err)
+		}
+	}
+	// The checkpoint holds the new content; only its durability is in
+	// doubt. A failure from here on removes the file written to (the
+	// previous checkpoint, after an exchange), which nothing needs.
 	if err := s.fs.SyncDir(s.dir); err != nil {
 		return fmt.Errorf("sync directory %s: %w", s.dir, err)
 	}
@@ -177,6 +218,10 @@ func (s *fileStore) RemoveCheckpoint(key string) error {
 	if err := s.fs.Remove(s.path(key)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("remove checkpoint: %w", err)
 	}
+	// The spare holds an older copy of the content; it goes too.
+	if err := s.fs.Remove(filepath.Join(s.dir, SpareName(key))); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove checkpoint: %w", err)
+	}
 	return nil
 }
 
@@ -204,6 +249,12 @@ func (s *fileStore) ListCheckpoints() ([]string, error) {
 type fileSystem interface {
 	MkdirAll(dir string, perm os.FileMode) error
 	CreateTemp(dir, pattern string) (tempFile, error)
+	// OpenSpare opens or creates name for writing; it fails unless name is a
+	// regular file (not a symbolic link) with mode 0600 and one link.
+	OpenSpare(name string) (tempFile, error)
+	Lstat(name string) (fs.FileInfo, error)
+	// Exchange swaps the files at a and b, atomically; both must exist.
+	Exchange(a, b string) error
 	Rename(from, to string) error
 	Remove(name string) error
 	SyncDir(dir string) error
@@ -213,19 +264,37 @@ type fileSystem interface {
 
 type tempFile interface {
 	Name() string
-	Write(b []byte) (int, error)
+	WriteAt(b []byte, off int64) (int, error)
+	Truncate(size int64) error
+	// Sync makes the content and the size durable (fdatasync where the
+	// system has it): the rename or exchange that follows and the sync of
+	// the directory make the rest durable.
 	Sync() error
 	Close() error
 }
 
 type osFileSystem struct{}
 
+// osFile is an *os.File whose Sync syncs the data (see datasync).
+type osFile struct{ *os.File }
+
+func (f osFile) Sync() error { return datasync(f.File) }
+
 func (osFileSystem) MkdirAll(dir string, perm os.FileMode) error { return os.MkdirAll(dir, perm) }
 func (osFileSystem) CreateTemp(dir, pattern string) (tempFile, error) {
-	return os.CreateTemp(dir, pattern)
+	f, err := os.CreateTemp(dir, pattern)
+	if err != nil {
+		return nil, err
+	}
+	return osFile{f}, nil
 }
-func (osFileSystem) Rename(from, to string) error { return os.Rename(from, to) }
-func (osFileSystem) Remove(name string) error     { return os.Remove(name) }
+
+func (osFileSystem) OpenSpare(name string) (tempFile, error) { return openSpare(name) }
+
+func (osFileSystem) Lstat(name string) (fs.FileInfo, error) { return os.Lstat(name) }
+func (osFileSystem) Exchange(a, b string) error             { return exchange(a, b) }
+func (osFileSystem) Rename(from, to string) error           { return os.Rename(from, to) }
+func (osFileSystem) Remove(name string) error               { return os.Remove(name) }
 
 // ReadFile reads a regular file only: a FIFO, a device or a directory in the
 // checkpoint's place is refused at once (reading a FIFO would block).

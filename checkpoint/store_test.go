@@ -2,10 +2,12 @@ package checkpoint
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -135,15 +137,18 @@ func TestGetCheckpointReadError(t *testing.T) {
 	assert.NotErrorIs(t, err, ErrNotFound)
 }
 
-// faultyFS wraps the real file system and fails one step of a write.
+// faultyFS wraps the real file system and fails some steps of a write.
 type faultyFS struct {
 	osFileSystem
-	failAt string // "mkdir", "create", "write", "sync", "close", "rename", "syncdir", "remove"
+	// failAt names the failing steps: "mkdir", "spare" (opening it),
+	// "create", "write", "truncate", "sync", "close", "lstat", "exchange",
+	// "rename", "syncdir", "remove".
+	failAt []string
 	err    error
 }
 
 func (f *faultyFS) fail(step string) error {
-	if f.failAt == step {
+	if slices.Contains(f.failAt, step) {
 		return f.err
 	}
 	return nil
@@ -165,6 +170,31 @@ func (f *faultyFS) CreateTemp(dir, pattern string) (tempFile, error) {
 		return nil, err
 	}
 	return &faultyFile{tempFile: file, fs: f}, nil
+}
+
+func (f *faultyFS) OpenSpare(name string) (tempFile, error) {
+	if err := f.fail("spare"); err != nil {
+		return nil, err
+	}
+	file, err := f.osFileSystem.OpenSpare(name)
+	if err != nil {
+		return nil, err
+	}
+	return &faultyFile{tempFile: file, fs: f}, nil
+}
+
+func (f *faultyFS) Lstat(name string) (fs.FileInfo, error) {
+	if err := f.fail("lstat"); err != nil {
+		return nil, err
+	}
+	return f.osFileSystem.Lstat(name)
+}
+
+func (f *faultyFS) Exchange(a, b string) error {
+	if err := f.fail("exchange"); err != nil {
+		return err
+	}
+	return f.osFileSystem.Exchange(a, b)
 }
 
 func (f *faultyFS) Rename(from, to string) error {
@@ -193,12 +223,19 @@ type faultyFile struct {
 	fs *faultyFS
 }
 
-func (f *faultyFile) Write(b []byte) (int, error) {
+func (f *faultyFile) WriteAt(b []byte, off int64) (int, error) {
 	if err := f.fs.fail("write"); err != nil {
-		n, _ := f.tempFile.Write(b[:len(b)/2])
+		n, _ := f.tempFile.WriteAt(b[:len(b)/2], off)
 		return n, err
 	}
-	return f.tempFile.Write(b)
+	return f.tempFile.WriteAt(b, off)
+}
+
+func (f *faultyFile) Truncate(size int64) error {
+	if err := f.fs.fail("truncate"); err != nil {
+		return err
+	}
+	return f.tempFile.Truncate(size)
 }
 
 func (f *faultyFile) Sync() error {
@@ -217,43 +254,191 @@ func (f *faultyFile) Close() error {
 }
 
 // A write that fails at any step leaves a readable checkpoint (the old content
-// before the rename, the new one after it) and no temporary file.
+// before it took the checkpoint's place, the new one after) and no temporary
+// file; only the spare may be left (it holds an older checkpoint; a failed
+// write that wrote into it removes it). A step that
+// has a way around it (the spare, the exchange) makes the write go the other
+// way. Each case runs with no spare (one write before) and with a spare
+// holding an older checkpoint (two writes before, so that the spare is
+// longer than the new content and must be cut).
 func TestWriteFailureAtEachStep(t *testing.T) {
+	older := append(sampleEntries(), sampleEntries()...)
+	for i := range older {
+		older[i].PodUID += fmt.Sprint(i)
+	}
 	oldEntries := sampleEntries()
 	newEntries := []PodDevicesEntry{{PodUID: "pod-2", ContainerName: "c", ResourceName: "example.com/dev",
 		DeviceIDs: DevicesPerNUMA{1: {"dev-9"}}, AllocResp: []byte{}}}
 	injected := errors.New("injected failure")
 	tests := []struct {
-		step    string
-		wantNew bool // the rename happened before the failure
+		failAt  []string
+		wantErr bool
+		wantNew bool // the new content took the checkpoint's place
+		// removed: the write had opened the spare, so its failure removes it.
+		removed bool
 	}{
-		{step: "mkdir"}, {step: "create"}, {step: "write"}, {step: "sync"}, {step: "close"}, {step: "rename"},
-		{step: "syncdir", wantNew: true},
+		{failAt: []string{"mkdir"}, wantErr: true},
+		{failAt: []string{"spare"}, wantNew: true},
+		{failAt: []string{"spare", "create"}, wantErr: true},
+		{failAt: []string{"create"}, wantNew: true},
+		{failAt: []string{"write"}, wantErr: true, removed: true},
+		{failAt: []string{"truncate"}, wantErr: true, removed: true},
+		{failAt: []string{"sync"}, wantErr: true, removed: true},
+		{failAt: []string{"close"}, wantErr: true, removed: true},
+		{failAt: []string{"lstat"}, wantNew: true},
+		{failAt: []string{"exchange"}, wantNew: true},
+		{failAt: []string{"rename"}, wantNew: true},
+		{failAt: []string{"exchange", "rename"}, wantErr: true, removed: true},
+		{failAt: []string{"spare", "rename"}, wantErr: true},
+		{failAt: []string{"syncdir"}, wantErr: true, wantNew: true, removed: true},
 	}
 	for _, tc := range tests {
-		t.Run(tc.step, func(t *testing.T) {
+		for _, before := range [][][]PodDevicesEntry{{oldEntries}, {older, oldEntries}} {
+			name := fmt.Sprintf("%s/%d-writes-before", strings.Join(tc.failAt, "+"), len(before))
+			t.Run(name, func(t *testing.T) {
+				s, dir := newTestStore(t)
+				for _, entries := range before {
+					require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, New(entries, sampleRegistered())))
+				}
+
+				s.fs = &faultyFS{failAt: tc.failAt, err: injected}
+				err := s.CreateCheckpoint(DeviceManagerKey, New(newEntries, map[string][]string{}))
+				if tc.wantErr {
+					require.ErrorIs(t, err, injected)
+				} else {
+					require.NoError(t, err)
+				}
+
+				s.fs = osFileSystem{}
+				got := New(nil, nil)
+				require.NoError(t, s.GetCheckpoint(DeviceManagerKey, got), "the checkpoint stays readable")
+				entries, _ := got.GetData()
+				if tc.wantNew {
+					assert.Equal(t, newEntries, entries)
+				} else {
+					assert.Equal(t, oldEntries, entries)
+				}
+				if tc.removed {
+					assert.Empty(t, dotFiles(t, dir), "the spare written to is removed")
+				} else {
+					assert.Subset(t, []string{SpareName(DeviceManagerKey)}, dotFiles(t, dir),
+						"no temporary file is left behind, only the spare may be")
+				}
+				keys, err := s.ListCheckpoints()
+				require.NoError(t, err)
+				assert.Equal(t, []string{DeviceManagerKey}, keys)
+			})
+		}
+	}
+}
+
+// Writes after the first exchange the checkpoint with its spare: the file
+// written becomes the checkpoint, the previous checkpoint's file the spare,
+// which the next write overwrites in place (same inode) and cuts to length.
+func TestWritesExchangeWithTheSpare(t *testing.T) {
+	s, dir := newTestStore(t)
+	ck, spare := filepath.Join(dir, DeviceManagerKey), filepath.Join(dir, SpareName(DeviceManagerKey))
+	inode := func(name string) uint64 {
+		t.Helper()
+		info, err := os.Lstat(name)
+		require.NoError(t, err)
+		return info.Sys().(*syscall.Stat_t).Ino
+	}
+	big := append(sampleEntries(), sampleEntries()...)
+	big[1].PodUID = "pod-other"
+	docs := []Checkpoint{New(sampleEntries(), sampleRegistered()), New(big, sampleRegistered()), New(nil, nil)}
+
+	require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, docs[0]))
+	assert.NoFileExists(t, spare, "the first write renames its file into place")
+	first := inode(ck)
+
+	require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, docs[1]))
+	assert.Equal(t, first, inode(spare), "the previous checkpoint became the spare")
+	second := inode(ck)
+	want0, err := docs[0].MarshalCheckpoint()
+	require.NoError(t, err)
+	onDisk, err := os.ReadFile(spare)
+	require.NoError(t, err)
+	assert.Equal(t, string(want0), string(onDisk), "the spare holds the previous content")
+
+	require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, docs[2]))
+	assert.Equal(t, first, inode(ck), "the spare was written in place and became the checkpoint")
+	assert.Equal(t, second, inode(spare))
+	want2, err := docs[2].MarshalCheckpoint()
+	require.NoError(t, err)
+	onDisk, err = os.ReadFile(ck)
+	require.NoError(t, err)
+	assert.Equal(t, string(want2), string(onDisk), "the longer old content was cut")
+	info, err := os.Stat(ck)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
+
+	keys, err := s.ListCheckpoints()
+	require.NoError(t, err)
+	assert.Equal(t, []string{DeviceManagerKey}, keys, "the spare is not listed")
+
+	require.NoError(t, s.RemoveCheckpoint(DeviceManagerKey))
+	assert.NoFileExists(t, ck)
+	assert.NoFileExists(t, spare, "removing a checkpoint removes its spare")
+}
+
+// A spare that is not a plain private file (a symbolic link, a file with
+// another name, a file others may read, a directory) is neither written
+// through nor exchanged: the write renames a temporary file into place and
+// leaves the odd spare as it was.
+func TestUnusableSpareIsLeftAlone(t *testing.T) {
+	cases := map[string]func(t *testing.T, spare, outside string){
+		"symlink": func(t *testing.T, spare, outside string) { require.NoError(t, os.Symlink(outside, spare)) },
+		"hard link": func(t *testing.T, spare, outside string) {
+			require.NoError(t, os.Link(outside, spare))
+		},
+		"mode 0644": func(t *testing.T, spare, outside string) {
+			require.NoError(t, os.WriteFile(spare, []byte("old"), 0o600))
+			require.NoError(t, os.Chmod(spare, 0o644))
+		},
+		"directory": func(t *testing.T, spare, outside string) { require.NoError(t, os.Mkdir(spare, 0o700)) },
+	}
+	for name, makeSpare := range cases {
+		t.Run(name, func(t *testing.T) {
 			s, dir := newTestStore(t)
-			require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, New(oldEntries, sampleRegistered())))
-
-			f := &faultyFS{failAt: tc.step, err: injected}
-			s.fs = f
-			err := s.CreateCheckpoint(DeviceManagerKey, New(newEntries, map[string][]string{}))
-			require.ErrorIs(t, err, injected)
-
-			s.fs = osFileSystem{}
-			got := New(nil, nil)
-			require.NoError(t, s.GetCheckpoint(DeviceManagerKey, got), "the checkpoint stays readable")
-			entries, _ := got.GetData()
-			if tc.wantNew {
-				assert.Equal(t, newEntries, entries)
-			} else {
-				assert.Equal(t, oldEntries, entries)
-			}
-			assert.Empty(t, dotFiles(t, dir), "no temporary file is left behind")
-			keys, err := s.ListCheckpoints()
+			outside := filepath.Join(t.TempDir(), "victim")
+			require.NoError(t, os.WriteFile(outside, []byte("not a checkpoint"), 0o600))
+			require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, New(nil, nil)))
+			spare := filepath.Join(dir, SpareName(DeviceManagerKey))
+			makeSpare(t, spare, outside)
+			before, err := os.Lstat(spare)
 			require.NoError(t, err)
-			assert.Equal(t, []string{DeviceManagerKey}, keys)
+
+			require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, New(sampleEntries(), sampleRegistered())))
+			got := New(nil, nil)
+			require.NoError(t, s.GetCheckpoint(DeviceManagerKey, got))
+			entries, _ := got.GetData()
+			assert.Equal(t, sampleEntries(), entries)
+
+			after, err := os.Lstat(spare)
+			require.NoError(t, err)
+			assert.True(t, os.SameFile(before, after), "the spare was replaced")
+			assert.Equal(t, before.Mode(), after.Mode())
+			victim, err := os.ReadFile(outside)
+			require.NoError(t, err)
+			assert.Equal(t, "not a checkpoint", string(victim), "a file outside was written through the spare")
+			assert.Equal(t, []string{SpareName(DeviceManagerKey)}, dotFiles(t, dir), "no temporary file is left")
 		})
+	}
+}
+
+// On a file system that cannot exchange (or a system that has no
+// exchange), writes rename the spare over the checkpoint each time.
+func TestWritesWithoutExchange(t *testing.T) {
+	s, dir := newTestStore(t)
+	s.fs = &faultyFS{failAt: []string{"exchange"}, err: syscall.EINVAL}
+	for i, entries := range [][]PodDevicesEntry{nil, sampleEntries(), {}} {
+		require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, New(entries, nil)), "write %d", i)
+		got := New(nil, nil)
+		require.NoError(t, s.GetCheckpoint(DeviceManagerKey, got))
+		gotEntries, _ := got.GetData()
+		assert.Equal(t, entries, gotEntries)
+		assert.Empty(t, dotFiles(t, dir), "write %d left a file", i)
 	}
 }
 
@@ -261,7 +446,7 @@ func TestWriteFailureAtEachStep(t *testing.T) {
 func TestWriteFailureAndCleanupFailure(t *testing.T) {
 	s, _ := newTestStore(t)
 	writeErr := errors.New("disk full")
-	f := &faultyFS{failAt: "write", err: writeErr}
+	f := &faultyFS{failAt: []string{"write"}, err: writeErr}
 	s.fs = &removeFails{faultyFS: f}
 	err := s.CreateCheckpoint(DeviceManagerKey, New(nil, nil))
 	assert.ErrorIs(t, err, writeErr)
@@ -285,7 +470,7 @@ func TestCreateCheckpointMarshalError(t *testing.T) {
 
 func TestRemoveError(t *testing.T) {
 	s, _ := newTestStore(t)
-	s.fs = &faultyFS{failAt: "remove", err: fs.ErrPermission}
+	s.fs = &faultyFS{failAt: []string{"remove"}, err: fs.ErrPermission}
 	assert.ErrorIs(t, s.RemoveCheckpoint("key"), fs.ErrPermission)
 }
 
@@ -327,4 +512,23 @@ func TestRemoveTempFiles(t *testing.T) {
 	assert.Zero(t, n)
 	_, err = RemoveTempFiles(filepath.Join(dir, "123"))
 	assert.Error(t, err, "not a directory")
+}
+
+// The system calls report failures as path errors naming the files.
+func TestExchangeAndDatasyncErrors(t *testing.T) {
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	require.NoError(t, os.WriteFile(a, []byte("a"), 0o600))
+	err := osFileSystem{}.Exchange(a, b)
+	var le *os.LinkError
+	require.ErrorAs(t, err, &le, "exchange with a missing file")
+	assert.Equal(t, b, le.New)
+	assert.ErrorIs(t, err, fs.ErrNotExist)
+
+	f, err := os.Open(a)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	err = osFile{f}.Sync()
+	require.Error(t, err, "sync of a closed file")
+	assert.Contains(t, err.Error(), a)
 }

@@ -1,0 +1,66 @@
+package checkpoint
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// openSpare opens or creates the spare name, refusing a symbolic link, and
+// fails unless it is usable (see usableSpare).
+func openSpare(name string) (tempFile, error) {
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	info, err := f.Stat()
+	if err == nil && !usableSpare(info) {
+		err = fmt.Errorf("%s is not a usable spare (mode %s, links %d)", name, info.Mode(), links(info))
+	}
+	if err != nil {
+		return nil, errors.Join(err, f.Close())
+	}
+	return osFile{f}, nil
+}
+
+// usableSpare reports whether info is a regular file of mode 0600 with one
+// link: one that becomes the checkpoint unchanged and that no other name
+// shares.
+func usableSpare(info fs.FileInfo) bool {
+	return info.Mode().IsRegular() && info.Mode().Perm() == 0o600 && links(info) == 1
+}
+
+// links returns info's link count, or 0 when the system does not say.
+func links(info fs.FileInfo) uint64 {
+	if st, ok := info.Sys().(*syscall.Stat_t); ok {
+		return uint64(st.Nlink)
+	}
+	return 0
+}
+
+// exchange swaps the files at a and b in one step (renameat2 with
+// RENAME_EXCHANGE, Linux 3.15 and later; ext4, xfs, btrfs and tmpfs have it).
+func exchange(a, b string) error {
+	if err := unix.Renameat2(unix.AT_FDCWD, a, unix.AT_FDCWD, b, unix.RENAME_EXCHANGE); err != nil {
+		return &os.LinkError{Op: "exchange", Old: a, New: b, Err: err}
+	}
+	return nil
+}
+
+// datasync flushes f's content and the metadata needed to read it back.
+func datasync(f *os.File) error {
+	for {
+		err := unix.Fdatasync(int(f.Fd()))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return &os.PathError{Op: "fdatasync", Path: f.Name(), Err: err}
+		}
+		return nil
+	}
+}
