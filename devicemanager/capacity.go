@@ -60,6 +60,7 @@ func (m *ManagerImpl) collectResourcesLocked(names []string) {
 		r.unhealthy = sets.New[string]()
 		r.healthySorted = nil
 		r.census = nil
+		r.lastList = nil
 	}
 }
 

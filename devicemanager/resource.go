@@ -38,6 +38,13 @@ type resourceState struct {
 	// when stale (built on the next request, then kept up to date as
 	// devices are allocated and released).
 	census *topology.Census
+	// lastList is the last device list, in the plugin's order, holding the
+	// very *Device values of devices (so no duplicate ID, no nil), with
+	// healthy and unhealthy matching their health; nil when that does not
+	// hold. A plugin resends its whole list on every change, nearly always
+	// in the same order: an update that lists the same IDs in that order is
+	// applied in place, in one pass with no map built (see updateInPlace).
+	lastList []*pluginapi.Device
 }
 
 // instance is one connected plugin instance; seq orders registrations.
@@ -102,6 +109,9 @@ func (r *resourceState) sortedDeviceIDs() []string {
 // and whether the healthy set changed. It costs one pass over the list; the
 // IDs are sorted again only when their set changed.
 func (r *resourceState) setDevices(devs []*pluginapi.Device) (changed []string, healthyChanged bool) {
+	if changed, healthyChanged, ok := r.updateInPlace(devs); ok {
+		return changed, healthyChanged
+	}
 	old := r.devices
 	devices := make(map[string]*pluginapi.Device, len(devs))
 	for _, d := range devs {
@@ -137,6 +147,10 @@ func (r *resourceState) setDevices(devs []*pluginapi.Device) (changed []string, 
 		healthyChanged = healthy.Has(id) != r.healthy.Has(id)
 	}
 	r.devices, r.healthy, r.unhealthy = devices, healthy, unhealthy
+	r.lastList = nil
+	if len(devices) == len(devs) {
+		r.lastList = slices.Clone(devs)
+	}
 	r.census = nil
 	if !sameIDs {
 		r.sortedIDs = nil
@@ -150,9 +164,77 @@ func (r *resourceState) setDevices(devs []*pluginapi.Device) (changed []string, 
 	return changed, healthyChanged
 }
 
+// updateInPlace applies devs when it lists the same IDs as lastList, in the
+// same order: only the devices whose health or topology differ are
+// replaced, and only those whose health differs move between the healthy
+// and unhealthy sets and are returned in changed (sorted). ok is false, and
+// nothing is touched, when the list differs in any other way.
+func (r *resourceState) updateInPlace(devs []*pluginapi.Device) (changed []string, healthyChanged bool, ok bool) {
+	if r.lastList == nil || !r.listed || len(devs) != len(r.lastList) {
+		return nil, false, false
+	}
+	var diff []int
+	for i, d := range devs {
+		prev := r.lastList[i]
+		if d == nil || d.ID != prev.ID {
+			return nil, false, false
+		}
+		if d != prev && (d.Health != prev.Health || !sameTopology(d.Topology, prev.Topology)) {
+			diff = append(diff, i)
+		}
+	}
+	healthyChanged = !r.registered
+	topologyChanged := false
+	for _, i := range diff {
+		d, prev := devs[i], r.lastList[i]
+		r.lastList[i] = d
+		r.devices[d.ID] = d
+		if d.Health == prev.Health {
+			topologyChanged = true
+			continue
+		}
+		changed = append(changed, d.ID)
+		if nowHealthy := d.Health == pluginapi.Healthy; nowHealthy != (prev.Health == pluginapi.Healthy) {
+			healthyChanged = true
+			if nowHealthy {
+				r.unhealthy.Delete(d.ID)
+				r.healthy.Insert(d.ID)
+			} else {
+				r.healthy.Delete(d.ID)
+				r.unhealthy.Insert(d.ID)
+			}
+		}
+	}
+	if healthyChanged || topologyChanged {
+		r.census = nil
+	}
+	if healthyChanged {
+		r.healthySorted = nil
+	}
+	r.registered = true
+	slices.Sort(changed)
+	return changed, healthyChanged, true
+}
+
+// sameTopology reports whether a and b list the same NUMA nodes in the same
+// order (nil and empty alike).
+func sameTopology(a, b *pluginapi.TopologyInfo) bool {
+	an, bn := a.GetNodes(), b.GetNodes()
+	if len(an) != len(bn) {
+		return false
+	}
+	for i := range an {
+		if (an[i] == nil) != (bn[i] == nil) || an[i].GetID() != bn[i].GetID() {
+			return false
+		}
+	}
+	return true
+}
+
 // markUnhealthy moves every healthy device to unhealthy: the plugin is gone,
 // its devices still count in capacity but not in allocatable.
 func (r *resourceState) markUnhealthy() {
+	r.lastList = nil
 	if r.healthy.Len() == 0 {
 		return
 	}

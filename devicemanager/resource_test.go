@@ -1,0 +1,142 @@
+package devicemanager
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/util/sets"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// deviceState is what a resource's device lists amount to, for comparing two
+// ways of applying them.
+type deviceState struct {
+	Devices            map[string]string // ID -> health and NUMA nodes
+	Healthy, Unhealthy []string
+	SortedHealthy      []string
+	SortedIDs          []string
+	Registered, Listed bool
+}
+
+func stateOf(t *testing.T, r *resourceState) deviceState {
+	st := deviceState{Devices: map[string]string{}, Healthy: sets.List(r.healthy), Unhealthy: sets.List(r.unhealthy),
+		SortedHealthy: r.sortedHealthy(), SortedIDs: r.sortedDeviceIDs(), Registered: r.registered, Listed: r.listed}
+	for id, d := range r.devices {
+		require.Equal(t, id, d.ID, "a device under another ID")
+		st.Devices[id] = fmt.Sprint(d.Health, d.Topology.GetNodes())
+	}
+	return st
+}
+
+// An update applied in place gives exactly what rebuilding the maps gives:
+// the same devices, sets, sorted lists and reported changes, over random
+// sequences of lists that mostly repeat the previous order with a few health
+// or topology changes, and sometimes reorder, add, drop, duplicate or nil a
+// device, with the plugin going away now and then.
+func TestUpdateInPlaceMatchesRebuild(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 9))
+	inPlace := 0
+	for seq := 0; seq < 200; seq++ {
+		fast, slow := newResource("r"), newResource("r")
+		var list []*pluginapi.Device
+		for i := range 1 + rng.IntN(12) {
+			list = append(list, randomDevice(rng, fmt.Sprintf("dev-%02d", i)))
+		}
+		for step := 0; step < 30; step++ {
+			next := make([]*pluginapi.Device, 0, len(list)+1)
+			for _, d := range list {
+				c := &pluginapi.Device{ID: d.ID, Health: d.Health, Topology: d.Topology}
+				if rng.IntN(4) == 0 {
+					c = randomDevice(rng, d.ID)
+				}
+				next = append(next, c)
+			}
+			// A nil or a duplicate is sent once; the next list is built from
+			// the clean one.
+			sent := next
+			switch rng.IntN(12) {
+			case 0:
+				rng.Shuffle(len(next), func(i, j int) { next[i], next[j] = next[j], next[i] })
+			case 1:
+				next = append(next, randomDevice(rng, fmt.Sprintf("dev-%02d", 12+rng.IntN(4))))
+				sent = next
+			case 2:
+				if len(next) > 0 {
+					next = next[:len(next)-1]
+					sent = next
+				}
+			case 3:
+				if len(next) > 0 {
+					sent = append(slices.Clone(next), randomDevice(rng, next[rng.IntN(len(next))].GetID()))
+				}
+			case 4:
+				sent = append(slices.Clone(next), nil)
+			case 5:
+				fast.markUnhealthy()
+				slow.markUnhealthy()
+			}
+			list = next
+			if fast.lastList != nil && slices.EqualFunc(sent, fast.lastList, func(a, b *pluginapi.Device) bool {
+				return a != nil && a.ID == b.ID
+			}) {
+				inPlace++
+			}
+			slow.lastList = nil
+			gotChanged, gotHealthy := fast.setDevices(sent)
+			wantChanged, wantHealthy := slow.setDevices(sent)
+			require.Equal(t, wantChanged, gotChanged, "seq %d step %d: changed", seq, step)
+			require.Equal(t, wantHealthy, gotHealthy, "seq %d step %d: healthy set changed", seq, step)
+			require.Equal(t, stateOf(t, slow), stateOf(t, fast), "seq %d step %d", seq, step)
+		}
+	}
+	t.Logf("%d of 6000 updates applied in place", inPlace)
+	assert.Greater(t, inPlace, 2000, "the in-place path was hardly taken")
+}
+
+func randomDevice(rng *rand.Rand, id string) *pluginapi.Device {
+	d := &pluginapi.Device{ID: id, Health: []string{pluginapi.Healthy, pluginapi.Unhealthy, "Unknown"}[rng.IntN(3)]}
+	switch rng.IntN(3) {
+	case 1:
+		d.Topology = &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: int64(rng.IntN(2))}}}
+	case 2:
+		d.Topology = &pluginapi.TopologyInfo{}
+	}
+	return d
+}
+
+// An update in the same order only touches what changed: unchanged devices
+// keep their values, and nothing is re-sorted when the healthy set stays.
+func TestUpdateInPlaceKeepsUnchanged(t *testing.T) {
+	r := newResource("r")
+	first := []*pluginapi.Device{
+		{ID: "a", Health: pluginapi.Healthy}, {ID: "b", Health: pluginapi.Healthy}, {ID: "c", Health: pluginapi.Unhealthy},
+	}
+	changed, healthyChanged := r.setDevices(first)
+	assert.Equal(t, []string{"a", "b", "c"}, changed)
+	assert.True(t, healthyChanged)
+	sorted := r.sortedHealthy()
+
+	second := []*pluginapi.Device{
+		{ID: "a", Health: pluginapi.Healthy}, {ID: "b", Health: pluginapi.Healthy},
+		{ID: "c", Health: pluginapi.Unhealthy, Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: 1}}}},
+	}
+	changed, healthyChanged = r.setDevices(second)
+	assert.Empty(t, changed)
+	assert.False(t, healthyChanged)
+	assert.Same(t, first[0], r.devices["a"], "an unchanged device keeps its value")
+	assert.Same(t, second[2], r.devices["c"], "a device whose topology changed is replaced")
+	assert.Equal(t, fmt.Sprint(&sorted[0]), fmt.Sprint(&r.sortedHealthy()[0]), "the healthy IDs were sorted again")
+
+	third := []*pluginapi.Device{
+		{ID: "a", Health: pluginapi.Healthy}, {ID: "b", Health: pluginapi.Unhealthy}, {ID: "c", Health: pluginapi.Unhealthy},
+	}
+	changed, healthyChanged = r.setDevices(third)
+	assert.Equal(t, []string{"b"}, changed)
+	assert.True(t, healthyChanged)
+	assert.Equal(t, []string{"a"}, r.sortedHealthy())
+	assert.Equal(t, []string{"b", "c"}, sets.List(r.unhealthy))
+}
