@@ -161,6 +161,9 @@ func (e *Endpoint) Options() *pluginapi.DevicePluginOptions { return e.options }
 // It returns the reason the stream ended (nil when stopped or cancelled
 // meanwhile; ErrStopped when the endpoint was stopped before).
 // onMessage runs on Run's goroutine; a slow callback delays the next message.
+// A device that a message encodes exactly as the previous one did, at the
+// same place in the list, is the previous message's *Device: the values are
+// shared and must not be modified.
 func (e *Endpoint) Run(ctx context.Context, onMessage func(*pluginapi.ListAndWatchResponse)) error {
 	if e.client == nil || e.IsStopped() {
 		return ErrStopped
@@ -170,7 +173,7 @@ func (e *Endpoint) Run(ctx context.Context, onMessage func(*pluginapi.ListAndWat
 	stop := context.AfterFunc(e.ctx, cancel)
 	defer stop()
 
-	stream, err := e.client.ListAndWatch(ctx, &pluginapi.Empty{})
+	stream, err := e.client.ListAndWatch(ctx, &pluginapi.Empty{}, grpc.ForceCodecV2(newListCodec()))
 	if err != nil {
 		return e.streamErr(ctx, fmt.Errorf("open ListAndWatch: %w", err))
 	}

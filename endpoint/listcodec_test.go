@@ -1,0 +1,234 @@
+package endpoint
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// decodeBoth decodes raw with the codec and with proto.Unmarshal and
+// requires the same outcome: both fail, or both give equal messages.
+func decodeBoth(t *testing.T, c *listCodec, raw []byte) *pluginapi.ListAndWatchResponse {
+	t.Helper()
+	got := &pluginapi.ListAndWatchResponse{}
+	err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(raw)}, got)
+	want := &pluginapi.ListAndWatchResponse{}
+	wantErr := proto.Unmarshal(raw, want)
+	if wantErr != nil {
+		require.Error(t, err, "proto.Unmarshal fails (%v), the codec does not", wantErr)
+		return nil
+	}
+	require.NoError(t, err)
+	require.True(t, proto.Equal(want, got), "codec: %v\nproto: %v", got, want)
+	return got
+}
+
+func marshal(t *testing.T, devs []*pluginapi.Device) []byte {
+	t.Helper()
+	raw, err := proto.MarshalOptions{Deterministic: true}.Marshal(&pluginapi.ListAndWatchResponse{Devices: devs})
+	require.NoError(t, err)
+	return raw
+}
+
+// Over random sequences of lists (health and topology changes, reordering,
+// additions, removals, duplicates), the codec decodes what proto.Unmarshal
+// decodes, and it hands back the previous *Device exactly for the devices
+// encoded as before at the same place.
+func TestListCodecMatchesProto(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	reused := 0
+	for seq := 0; seq < 100; seq++ {
+		c := newListCodec()
+		var list []*pluginapi.Device
+		for i := range rng.IntN(20) {
+			list = append(list, randomDevice(rng, fmt.Sprintf("dev-%02d", i)))
+		}
+		var prevRaw []byte
+		var prev *pluginapi.ListAndWatchResponse
+		for step := 0; step < 20; step++ {
+			next := make([]*pluginapi.Device, 0, len(list)+1)
+			for _, d := range list {
+				if rng.IntN(5) == 0 {
+					d = randomDevice(rng, d.ID)
+				}
+				next = append(next, d)
+			}
+			switch rng.IntN(8) {
+			case 0:
+				rng.Shuffle(len(next), func(i, j int) { next[i], next[j] = next[j], next[i] })
+			case 1:
+				next = append(next, randomDevice(rng, fmt.Sprintf("dev-%02d", 20+rng.IntN(5))))
+			case 2:
+				if len(next) > 0 {
+					next = next[1:]
+				}
+			case 3:
+				if len(next) > 0 {
+					next = append(next, next[rng.IntN(len(next))])
+				}
+			}
+			list = next
+			raw := marshal(t, list)
+			got := decodeBoth(t, c, raw)
+			if prev != nil {
+				prevSpans, _ := deviceSpans(prevRaw, nil)
+				spans, ok := deviceSpans(raw, nil)
+				require.True(t, ok)
+				same := make([]bool, len(spans))
+				nSame := 0
+				for i, s := range spans {
+					same[i] = i < len(prevSpans) &&
+						string(raw[s.start:s.end]) == string(prevRaw[prevSpans[i].start:prevSpans[i].end])
+					if same[i] {
+						nSame++
+					}
+				}
+				// Devices are reused when most of the list is the same.
+				for i := range spans {
+					want := same[i] && nSame*2 >= len(spans)
+					if want {
+						reused++
+					}
+					assert.Equal(t, want, i < len(prev.Devices) && got.Devices[i] == prev.Devices[i],
+						"seq %d step %d device %d: reused", seq, step, i)
+				}
+			}
+			prev, prevRaw = got, raw
+		}
+	}
+	assert.Greater(t, reused, 3000, "hardly any device was reused")
+}
+
+func randomDevice(rng *rand.Rand, id string) *pluginapi.Device {
+	d := &pluginapi.Device{ID: id, Health: []string{pluginapi.Healthy, pluginapi.Unhealthy}[rng.IntN(2)]}
+	if rng.IntN(2) == 0 {
+		d.Topology = &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: int64(rng.IntN(2))}}}
+	}
+	return d
+}
+
+// Messages the fast path does not take (other fields, malformed bytes) are
+// decoded, or refused, as proto.Unmarshal does, and the next message is
+// decoded afresh.
+func TestListCodecOtherMessages(t *testing.T) {
+	devs := []*pluginapi.Device{{ID: "a", Health: pluginapi.Healthy}, {ID: "b", Health: pluginapi.Unhealthy}}
+	good := marshal(t, devs)
+	unknown := protowire.AppendVarint(protowire.AppendTag(append([]byte{}, good...), 7, protowire.VarintType), 42)
+	badUTF8 := marshal(t, []*pluginapi.Device{{ID: "a", Health: pluginapi.Healthy}, {ID: "x", Health: pluginapi.Healthy}})
+	badUTF8[len(badUTF8)-len("Healthy")-3] = 0xff // the ID "x"
+	cases := map[string][]byte{
+		"empty":            {},
+		"unknown field":    unknown,
+		"truncated":        good[:len(good)-2],
+		"bad length":       append(append([]byte{}, good...), 0x0a, 0x7f),
+		"wrong wire type":  {0x08, 0x01},
+		"invalid UTF-8 ID": badUTF8,
+		"device not a msg": {0x0a, 0x02, 0xff, 0xff},
+	}
+	for name, raw := range cases {
+		t.Run(name, func(t *testing.T) {
+			c := newListCodec()
+			first := decodeBoth(t, c, good)
+			decodeBoth(t, c, raw)
+			again := decodeBoth(t, c, good)
+			assert.NotSame(t, first.Devices[0], again.Devices[0], "reused across a message that listed no such device")
+		})
+	}
+	c0 := newListCodec()
+	first := decodeBoth(t, c0, good)
+	again := decodeBoth(t, c0, good)
+	assert.Same(t, first.Devices[1], again.Devices[1], "the same message twice")
+	// A message of another type goes to the proto codec.
+	c := newListCodec()
+	opts := &pluginapi.DevicePluginOptions{PreStartRequired: true}
+	raw, err := proto.Marshal(opts)
+	require.NoError(t, err)
+	got := &pluginapi.DevicePluginOptions{}
+	require.NoError(t, c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(raw)}, got))
+	assert.True(t, proto.Equal(opts, got))
+	out, err := c.Marshal(opts)
+	require.NoError(t, err)
+	assert.Equal(t, raw, out.Materialize())
+}
+
+// FuzzListCodec decodes two messages in a row with one codec and checks each
+// against proto.Unmarshal.
+func FuzzListCodec(f *testing.F) {
+	a := []*pluginapi.Device{{ID: "a", Health: pluginapi.Healthy}, {ID: "b", Health: pluginapi.Unhealthy,
+		Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: 1}}}}}
+	b := []*pluginapi.Device{{ID: "a", Health: pluginapi.Unhealthy}, {ID: "b", Health: pluginapi.Unhealthy,
+		Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: 1}}}}}
+	ra, _ := proto.Marshal(&pluginapi.ListAndWatchResponse{Devices: a})
+	rb, _ := proto.Marshal(&pluginapi.ListAndWatchResponse{Devices: b})
+	f.Add(ra, rb)
+	f.Add(ra, ra[:len(ra)-1])
+	f.Add([]byte{}, ra)
+	f.Fuzz(func(t *testing.T, first, second []byte) {
+		c := newListCodec()
+		decodeBoth(t, c, first)
+		decodeBoth(t, c, second)
+	})
+}
+
+// BenchmarkListCodec decodes a list of 10,000 GPU-style devices: the first
+// message of a stream, and an update flipping 10% of their health, with the
+// codec and with proto.Unmarshal.
+func BenchmarkListCodec(b *testing.B) {
+	devs := make([]*pluginapi.Device, 10000)
+	flipped := make([]*pluginapi.Device, len(devs))
+	for i := range devs {
+		topo := &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: int64(i % 2)}}}
+		id := fmt.Sprintf("GPU-%08x-%04x-%04x-%04x-%012x", i, i, i, i, i)
+		devs[i] = &pluginapi.Device{ID: id, Health: pluginapi.Healthy, Topology: topo}
+		flipped[i] = devs[i]
+		if i%10 == 0 {
+			flipped[i] = &pluginapi.Device{ID: id, Health: pluginapi.Unhealthy, Topology: topo}
+		}
+	}
+	raws := make([][]byte, 2)
+	for i, l := range [][]*pluginapi.Device{devs, flipped} {
+		var err error
+		raws[i], err = proto.Marshal(&pluginapi.ListAndWatchResponse{Devices: l})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	decode := func(b *testing.B, c *listCodec, raw []byte) {
+		if err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(raw)}, &pluginapi.ListAndWatchResponse{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Run("first/codec", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			decode(b, newListCodec(), raws[0])
+		}
+	})
+	b.Run("update/codec", func(b *testing.B) {
+		c := newListCodec()
+		decode(b, c, raws[0])
+		b.ReportAllocs()
+		i := 1
+		for b.Loop() {
+			decode(b, c, raws[i%2])
+			i++
+		}
+	})
+	for _, name := range []string{"first/proto", "update/proto"} {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := proto.Unmarshal(raws[1], &pluginapi.ListAndWatchResponse{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
