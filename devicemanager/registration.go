@@ -174,8 +174,17 @@ func (m *ManagerImpl) onDevices(resource string, ep *endpoint.Endpoint, devs []*
 	}
 	changed, healthyChanged := r.setDevices(devs)
 	healthy := r.healthy.Len()
-	var owners []string
+	// The owners of changed devices, in device ID order; only the few
+	// devices that have owners are sorted, not a whole new list.
+	var owned []string
 	for _, id := range changed {
+		if len(m.ledger.Owners(resource, id)) > 0 {
+			owned = append(owned, id)
+		}
+	}
+	slices.Sort(owned)
+	var owners []string
+	for _, id := range owned {
 		for _, ref := range m.ledger.Owners(resource, id) {
 			owners = append(owners, ref.PodUID)
 		}

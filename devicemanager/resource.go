@@ -104,9 +104,9 @@ func (r *resourceState) sortedDeviceIDs() []string {
 	return r.sortedIDs
 }
 
-// setDevices replaces the device list with devs and returns, sorted, the IDs
-// whose health changed or that are new (the kubelet notifies their owners),
-// and whether the healthy set changed. It costs one pass over the list; the
+// setDevices replaces the device list with devs and returns the IDs whose
+// health changed or that are new (the kubelet notifies their owners), in no
+// particular order, and whether the healthy set changed. It costs one pass over the list; the
 // IDs are sorted again only when their set changed.
 func (r *resourceState) setDevices(devs []*pluginapi.Device) (changed []string, healthyChanged bool) {
 	if changed, healthyChanged, ok := r.updateInPlace(devs); ok {
@@ -160,15 +160,14 @@ func (r *resourceState) setDevices(devs []*pluginapi.Device) (changed []string, 
 	}
 	r.registered = true
 	r.listed = true
-	slices.Sort(changed)
 	return changed, healthyChanged
 }
 
 // updateInPlace applies devs when it lists the same IDs as lastList, in the
 // same order: only the devices whose health or topology differ are
 // replaced, and only those whose health differs move between the healthy
-// and unhealthy sets and are returned in changed (sorted). ok is false, and
-// nothing is touched, when the list differs in any other way.
+// and unhealthy sets and are returned in changed. ok is false, and nothing
+// is touched, when the list differs in any other way.
 func (r *resourceState) updateInPlace(devs []*pluginapi.Device) (changed []string, healthyChanged bool, ok bool) {
 	if r.lastList == nil || !r.listed || len(devs) != len(r.lastList) {
 		return nil, false, false
@@ -212,7 +211,6 @@ func (r *resourceState) updateInPlace(devs []*pluginapi.Device) (changed []strin
 		r.healthySorted = nil
 	}
 	r.registered = true
-	slices.Sort(changed)
 	return changed, healthyChanged, true
 }
 
