@@ -41,6 +41,8 @@ type fileStore struct {
 	// mu serialises operations on the directory, so that a read never races a
 	// write of the same process and concurrent writes land one after another.
 	mu sync.Mutex
+	// dirSynced: the directory was synced before a write over a spare.
+	dirSynced bool
 }
 
 // NewManager returns a Manager that keeps checkpoints as files in dir. It touches
@@ -58,10 +60,12 @@ type fileStore struct {
 // the file system has already allocated. On a kubelet's disk that halves the
 // cost of a durable write of a large checkpoint, and it lets writes go on
 // while the disk is full as long as the content does not outgrow them. The
-// spare is never read; a spare that is not a plain regular file of mode
-// 0600 with one link is left alone and a new temporary file (a "." followed
-// by digits) is renamed over the checkpoint instead, as on file systems
-// that cannot exchange.
+// spare is never read. It is written only when it is a plain regular file
+// of mode 0600 with one link that no other descriptor has open (so a reader
+// that opened the checkpoint before it became the spare never sees it
+// rewritten, and two stores never write it at once); otherwise it is left
+// alone and a new temporary file (a "." followed by digits) is renamed over
+// the checkpoint, as on systems that cannot exchange.
 //
 // Keys follow the kubelet's rule: at most 250 characters of [A-Za-z0-9-_.],
 // starting and ending with a letter or digit.
@@ -127,6 +131,15 @@ func (s *fileStore) writeLocked(key string, blob []byte) (err error) {
 	}
 	f, spareErr := s.fs.OpenSpare(filepath.Join(s.dir, SpareName(key)))
 	spare := spareErr == nil
+	if spare && !s.dirSynced {
+		// An exchange that a crash left unsynced may still be undone by a
+		// power loss, and the spare be the checkpoint on disk again: the
+		// first write over a spare in a process waits for the directory.
+		if err := s.fs.SyncDir(s.dir); err != nil {
+			return errors.Join(fmt.Errorf("sync directory %s: %w", s.dir, err), f.Close())
+		}
+		s.dirSynced = true
+	}
 	if !spare {
 		if f, err = s.fs.CreateTemp(s.dir, tempPrefix); err != nil {
 			return fmt.Errorf("create temporary checkpoint file in %s: %w", s.dir, err)
@@ -154,18 +167,19 @@ func (s *fileStore) writeLocked(key string, blob []byte) (err error) {
 	if err := f.Sync(); err != nil {
 		return errors.Join(fmt.Errorf("write checkpoint: %w", err), f.Close())
 	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("write checkpoint: %w", err)
-	}
 	// A spare changes places with a regular checkpoint file, and becomes the
 	// spare of the next write; anything else is replaced by a rename (which
-	// fails on a directory, as the kubelet's store does).
+	// fails on a directory, as the kubelet's store does). The spare stays
+	// open until then, so that no other store takes it meanwhile.
 	dst := s.path(key)
 	exchanged := false
 	if spare {
 		if info, err := s.fs.Lstat(dst); err == nil && info.Mode().IsRegular() {
 			exchanged = s.fs.Exchange(tmp, dst) == nil
 		}
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("write checkpoint: %w", err)
 	}
 	if !exchanged {
 		if err := s.fs.Rename(tmp, dst); err != nil {

@@ -10,10 +10,20 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// openSpare opens or creates the spare name, refusing a symbolic link, and
-// fails unless it is usable (see usableSpare).
+// openSpare opens or creates the spare name, refusing a symbolic link
+// (and, not blocking on a FIFO or device, anything but a regular file), and
+// fails unless it is usable (see usableSpare) and open nowhere else.
+//
+// Open nowhere else: the spare was the checkpoint until the last write, and
+// a reader that opened it then (a backup, `devmgr checkpoint verify`) must
+// not see it rewritten under it; nor may another store write it at the same
+// time. Linux grants a write lease only on a file that no other descriptor
+// has open, in any process: taking one and dropping it at once is that test.
+// Until the spare has taken the checkpoint's place, nothing but another
+// store opens it (by its own name), and that store's test fails while this
+// one keeps it open.
 func openSpare(name string) (tempFile, error) {
-	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0o600)
 	if err != nil {
 		return nil, err
 	}
@@ -21,10 +31,35 @@ func openSpare(name string) (tempFile, error) {
 	if err == nil && !usableSpare(info) {
 		err = fmt.Errorf("%s is not a usable spare (mode %s, links %d)", name, info.Mode(), links(info))
 	}
+	if err == nil {
+		err = openElsewhere(f)
+	}
 	if err != nil {
 		return nil, errors.Join(err, f.Close())
 	}
 	return osFile{f}, nil
+}
+
+// openElsewhere returns an error when f's file is open through another
+// descriptor (or the test cannot be made: leases disabled, a file system
+// without them).
+func openElsewhere(f *os.File) error {
+	raw, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var leaseErr error
+	if err := raw.Control(func(fd uintptr) {
+		if _, leaseErr = unix.FcntlInt(fd, unix.F_SETLEASE, unix.F_WRLCK); leaseErr == nil {
+			_, leaseErr = unix.FcntlInt(fd, unix.F_SETLEASE, unix.F_UNLCK)
+		}
+	}); err != nil {
+		return err
+	}
+	if leaseErr != nil {
+		return fmt.Errorf("%s may be open elsewhere: write lease: %w", f.Name(), leaseErr)
+	}
+	return nil
 }
 
 // usableSpare reports whether info is a regular file of mode 0600 with one

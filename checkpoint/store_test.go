@@ -3,12 +3,14 @@ package checkpoint
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 
@@ -284,7 +286,7 @@ func TestWriteFailureAtEachStep(t *testing.T) {
 		{failAt: []string{"write"}, wantErr: true, removed: true},
 		{failAt: []string{"truncate"}, wantErr: true, removed: true},
 		{failAt: []string{"sync"}, wantErr: true, removed: true},
-		{failAt: []string{"close"}, wantErr: true, removed: true},
+		{failAt: []string{"close"}, wantErr: true, wantNew: true, removed: true},
 		{failAt: []string{"lstat"}, wantNew: true},
 		{failAt: []string{"exchange"}, wantNew: true},
 		{failAt: []string{"rename"}, wantNew: true},
@@ -531,4 +533,150 @@ func TestExchangeAndDatasyncErrors(t *testing.T) {
 	err = osFile{f}.Sync()
 	require.Error(t, err, "sync of a closed file")
 	assert.Contains(t, err.Error(), a)
+}
+
+// A reader that opened the checkpoint keeps reading what it opened, however
+// many writes follow: the file it holds becomes the spare, and a spare open
+// elsewhere is not written over (the write renames a new file instead).
+func TestReaderOfOldCheckpointIsNotOverwritten(t *testing.T) {
+	s, dir := newTestStore(t)
+	docs := make([]Checkpoint, 4)
+	blobs := make([][]byte, 4)
+	for i := range docs {
+		e := sampleEntries()
+		e[0].PodUID = fmt.Sprintf("pod-%d-%s", i, strings.Repeat("x", 1000*i))
+		docs[i] = New(e, sampleRegistered())
+		var err error
+		blobs[i], err = docs[i].MarshalCheckpoint()
+		require.NoError(t, err)
+	}
+	ck := filepath.Join(dir, DeviceManagerKey)
+	require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, docs[0]))
+	require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, docs[1]))
+	reader, err := os.Open(ck)
+	require.NoError(t, err)
+	defer reader.Close()
+	held, err := reader.Stat()
+	require.NoError(t, err)
+
+	// docs[2] goes over the spare (docs[0]'s file, open nowhere), and the
+	// file the reader holds becomes the spare; docs[3] must not go over it.
+	require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, docs[2]))
+	spareInfo, err := os.Lstat(filepath.Join(dir, SpareName(DeviceManagerKey)))
+	require.NoError(t, err)
+	require.True(t, os.SameFile(held, spareInfo), "the reader's file is the spare now")
+	require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, docs[3]))
+
+	got, err := io.ReadAll(reader)
+	require.NoError(t, err)
+	assert.Equal(t, string(blobs[1]), string(got), "the reader's file was written over")
+	onDisk, err := os.ReadFile(ck)
+	require.NoError(t, err)
+	assert.Equal(t, string(blobs[3]), string(onDisk))
+	assert.Equal(t, []string{SpareName(DeviceManagerKey)}, dotFiles(t, dir), "no temporary file is left")
+}
+
+// Two stores writing the same directory at once, and a reader reading
+// throughout: every read decodes and verifies (never a mix of two writes),
+// every write reports success, and the checkpoint ends as one store's last
+// write.
+func TestTwoStoresAndAReader(t *testing.T) {
+	dir := t.TempDir()
+	stores := make([]Manager, 2)
+	for i := range stores {
+		var err error
+		stores[i], err = NewManager(dir)
+		require.NoError(t, err)
+	}
+	const writes = 150
+	doc := func(store, i int) Checkpoint {
+		e := sampleEntries()
+		e[0].PodUID = fmt.Sprintf("store-%d-write-%d-%s", store, i, strings.Repeat("y", (i*37)%3000))
+		return New(e, sampleRegistered())
+	}
+	done := make(chan struct{})
+	readErr := make(chan error, 1)
+	go func() {
+		defer close(readErr)
+		reads := 0
+		for {
+			select {
+			case <-done:
+				if reads == 0 {
+					readErr <- errors.New("the reader never read")
+				}
+				return
+			default:
+			}
+			blob, err := os.ReadFile(filepath.Join(dir, DeviceManagerKey))
+			if errors.Is(err, fs.ErrNotExist) {
+				continue
+			}
+			if err == nil {
+				c := New(nil, nil)
+				if err = c.UnmarshalCheckpoint(blob); err == nil {
+					err = c.VerifyChecksum()
+				}
+			}
+			if err != nil {
+				readErr <- fmt.Errorf("read %d: %w", reads, err)
+				return
+			}
+			reads++
+		}
+	}()
+	var wg sync.WaitGroup
+	errs := make([]error, len(stores))
+	for si, st := range stores {
+		wg.Go(func() {
+			for i := range writes {
+				if err := st.CreateCheckpoint(DeviceManagerKey, doc(si, i)); err != nil {
+					errs[si] = err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(done)
+	require.NoError(t, <-readErr)
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	got := New(nil, nil)
+	require.NoError(t, stores[0].GetCheckpoint(DeviceManagerKey, got))
+	entries, _ := got.GetData()
+	last0, _ := doc(0, writes-1).(*Data).GetData()
+	last1, _ := doc(1, writes-1).(*Data).GetData()
+	assert.Contains(t, []string{last0[0].PodUID, last1[0].PodUID}, entries[0].PodUID, "the checkpoint is not a last write")
+}
+
+// countingFS counts directory syncs.
+type countingFS struct {
+	osFileSystem
+	syncs int
+}
+
+func (c *countingFS) SyncDir(dir string) error {
+	c.syncs++
+	return c.osFileSystem.SyncDir(dir)
+}
+
+// The first write over a spare in a store syncs the directory before, in
+// case a crash left the exchange that made it the spare unsynced; later
+// writes sync it once, after.
+func TestFirstSpareWriteSyncsTheDirectoryFirst(t *testing.T) {
+	s, dir := newTestStore(t)
+	require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, New(nil, nil)))
+	require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, New(sampleEntries(), nil)))
+
+	m, err := NewManager(dir)
+	require.NoError(t, err)
+	restarted := m.(*fileStore)
+	c := &countingFS{}
+	restarted.fs = c
+	require.NoError(t, restarted.CreateCheckpoint(DeviceManagerKey, New(nil, sampleRegistered())))
+	assert.Equal(t, 2, c.syncs, "first write over the spare")
+	require.NoError(t, restarted.CreateCheckpoint(DeviceManagerKey, New(sampleEntries(), sampleRegistered())))
+	assert.Equal(t, 3, c.syncs, "second write")
 }
