@@ -210,12 +210,16 @@ func compareMain(args []string) error {
 					floors = append(floors, job{"floor", v, []string{"-size", fmt.Sprint(size)}})
 				}
 			}
+			// And W2's whole sequence of growing writes, with no manager.
+			if size := int(m["checkpoint_bytes"]); size > 0 {
+				floors = append(floors, job{"floorgrow", "", []string{"-size", fmt.Sprint(size)}})
+			}
 		}
 		if slices.ContainsFunc(selected, func(j job) bool { return j.workload == "W3" }) {
 			floors = append(floors, job{"W3wire", "", nil})
 		}
 		for _, j := range floors {
-			impl := map[string]string{"floor": "disk", "W3wire": "wire"}[j.workload]
+			impl := map[string]string{"floor": "disk", "floorgrow": "disk", "W3wire": "wire"}[j.workload]
 			dir := filepath.Join(base, fmt.Sprintf("r%d-%s%s", r+1, j.workload, j.variant))
 			res := d.child(ctx, impl, dir, j.workload, j.args)
 			_ = os.RemoveAll(dir)

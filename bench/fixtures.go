@@ -322,7 +322,7 @@ func durableWrite(dir, name string, blob []byte) error {
 // exchange with the target (renameat2 RENAME_EXCHANGE), fsync of the
 // directory. The target must exist.
 func exchangeWrite(dir, name string, blob []byte) error {
-	spare := filepath.Join(dir, ".floor-spare")
+	spare := filepath.Join(dir, "."+name+"-spare")
 	f, err := os.OpenFile(spare, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return err

@@ -65,12 +65,12 @@ const afterWrite = 100 * time.Millisecond
 func runMain(args []string) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	impl := fs.String("impl", "devmgr", "devmgr or kubelet")
-	workload := fs.String("workload", "", "W1, W2, W3, W4prep, W4, W5, W6 or floor")
+	workload := fs.String("workload", "", "W1, W2, W3, W4prep, W4, W5, W6, floor or floorgrow")
 	dir := fs.String("dir", "", "directory for sockets and the checkpoint (on disk)")
 	n := fs.Int("n", 1000, "W1: devices to register")
 	pods := fs.Int("pods", 0, "W3: pods holding the flipped devices (0 or 1000)")
 	goroutines := fs.Int("goroutines", 1, "W5: admitting goroutines (1 or 2)")
-	size := fs.Int("size", 0, "floor: bytes per write")
+	size := fs.Int("size", 0, "floor: bytes per write; floorgrow: the last write's size")
 	iters := fs.Int("iters", 0, "W3, W6, floor: timed repetitions (0: the workload's default)")
 	profile := fs.String("cpuprofile", "", "write a CPU profile of the timed section to this file")
 	fs.DurationVar(&pollInterval, "poll", 0, "pause between GetCapacity polls (0: a tight loop)")
@@ -110,6 +110,9 @@ func runMain(args []string) error {
 	case "floor":
 		r.res.Impl = "disk"
 		err = r.floor(*size, orDefault(*iters, 30))
+	case "floorgrow":
+		r.res.Impl = "disk"
+		err = r.floorGrow(*size, orDefault(*iters, 1000))
 	case "W3wire":
 		r.res.Impl = "wire"
 		err = r.w3wire(orDefault(*iters, 10))
@@ -700,6 +703,53 @@ func (r *run) floor(size, iters int) error {
 	r.duration("write_ns", median(d))
 	r.duration("write_min_ns", d.quantile(0))
 	r.duration("exchange_ns", median(x))
+	r.metric("bytes", float64(size))
+	return nil
+}
+
+// floorGrow times the disk alone on W2's sequence of writes: iters durable
+// writes of a file growing in equal steps up to size bytes, as the
+// checkpoint grows with each admission, both ways alternating (through a
+// new temporary file, and over a spare exchanged with the file, each on a
+// file of its own), with a pause between steps about as long as an
+// admission's other work. It reports the mean of the first and of the last
+// 100 writes each way: what W2's first and last 100 admissions would cost
+// if the disk write were all there was.
+func (r *run) floorGrow(size, iters int) error {
+	if size <= 0 || iters < 200 {
+		return errors.New("floorgrow: -size must be positive and -iters at least 200")
+	}
+	blob := make([]byte, size)
+	for i := range blob {
+		blob[i] = "0123456789abcdef"[i%16]
+	}
+	step := size / iters
+	newWay, spareWay := make(durations, 0, iters), make(durations, 0, iters)
+	for i := range iters {
+		n := (i + 1) * step
+		blob[i%n] ^= 1 // the content changes, as a new entry's does
+		start := time.Now()
+		if err := durableWrite(r.dir, "grow-new", blob[:n]); err != nil {
+			return err
+		}
+		newWay = append(newWay, time.Since(start))
+		start = time.Now()
+		var err error
+		if i == 0 {
+			err = durableWrite(r.dir, "grow-spare", blob[:n])
+		} else {
+			err = exchangeWrite(r.dir, "grow-spare", blob[:n])
+		}
+		if err != nil {
+			return err
+		}
+		spareWay = append(spareWay, time.Since(start))
+		time.Sleep(500 * time.Microsecond)
+	}
+	r.duration("new_first100_ns", newWay[:100].mean())
+	r.duration("new_last100_ns", newWay[iters-100:].mean())
+	r.duration("spare_first100_ns", spareWay[:100].mean())
+	r.duration("spare_last100_ns", spareWay[iters-100:].mean())
 	r.metric("bytes", float64(size))
 	return nil
 }
