@@ -11,7 +11,6 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 	"k8s.io/apimachinery/pkg/util/validation"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -148,8 +147,7 @@ func (m *ManagerImpl) follow(resource string, ep *endpoint.Endpoint) {
 	defer m.wg.Done()
 	err := ep.Run(m.ctx, func(msg *pluginapi.ListAndWatchResponse) {
 		m.onDevices(resource, ep, msg.GetDevices())
-		// Measured after the devices are in effect: sizing walks the list.
-		m.metrics.messageBytes.WithLabelValues(resource).Observe(float64(proto.Size(msg)))
+		m.metrics.messageBytes.WithLabelValues(resource).Observe(float64(ep.LastMessageBytes()))
 	})
 	switch {
 	case errors.Is(err, endpoint.ErrStopped):

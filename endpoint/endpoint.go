@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -74,6 +75,10 @@ type Endpoint struct {
 	// ctx is cancelled by Stop; it ends the ListAndWatch stream.
 	ctx    context.Context
 	cancel context.CancelFunc
+
+	// lastMessageBytes is the size of the last ListAndWatch message Run
+	// handed to its callback, as received.
+	lastMessageBytes atomic.Int64
 
 	// mu guards the fields below.
 	mu       sync.Mutex
@@ -173,7 +178,8 @@ func (e *Endpoint) Run(ctx context.Context, onMessage func(*pluginapi.ListAndWat
 	stop := context.AfterFunc(e.ctx, cancel)
 	defer stop()
 
-	stream, err := e.client.ListAndWatch(ctx, &pluginapi.Empty{}, grpc.ForceCodecV2(newListCodec()))
+	codec := newListCodec()
+	stream, err := e.client.ListAndWatch(ctx, &pluginapi.Empty{}, grpc.ForceCodecV2(codec))
 	if err != nil {
 		return e.streamErr(ctx, fmt.Errorf("open ListAndWatch: %w", err))
 	}
@@ -182,9 +188,16 @@ func (e *Endpoint) Run(ctx context.Context, onMessage func(*pluginapi.ListAndWat
 		if err != nil {
 			return e.streamErr(ctx, fmt.Errorf("ListAndWatch: %w", err))
 		}
+		// Recv decoded on this goroutine: the codec's size is this message's.
+		e.lastMessageBytes.Store(int64(codec.lastSize))
 		onMessage(msg)
 	}
 }
+
+// LastMessageBytes returns the size in bytes, as received, of the last
+// ListAndWatch message Run handed to its callback; 0 before the first. Read
+// from the callback, it is the size of the message being handled.
+func (e *Endpoint) LastMessageBytes() int { return int(e.lastMessageBytes.Load()) }
 
 // streamErr returns err unless the stream ended because ctx was cancelled
 // (Stop, or the caller), which is not a failure.

@@ -352,3 +352,39 @@ func unwrapStatus(err error) error {
 	}
 	return err
 }
+
+// Inside the callback, LastMessageBytes is the size of the message being
+// handled, as the plugin encoded it.
+func TestLastMessageBytes(t *testing.T) {
+	p := startPlugin(t, []*pluginapi.Device{{ID: "A", Health: pluginapi.Healthy}})
+	e := dial(t, p, Options{})
+	assert.Zero(t, e.LastMessageBytes(), "before any message")
+	type sized struct{ got, want int }
+	sizes := make(chan sized, 4)
+	done := make(chan error, 1)
+	go func() {
+		done <- e.Run(context.Background(), func(m *pluginapi.ListAndWatchResponse) {
+			sizes <- sized{e.LastMessageBytes(), proto.Size(m)}
+		})
+	}()
+	t.Cleanup(func() {
+		e.Stop()
+		assert.NoError(t, <-done, "Run after Stop")
+	})
+	next := func() sized {
+		t.Helper()
+		select {
+		case s := <-sizes:
+			return s
+		case <-time.After(10 * time.Second):
+			t.Fatal("no ListAndWatch message")
+			return sized{}
+		}
+	}
+	first := next()
+	assert.Equal(t, first.want, first.got)
+	p.Update([]*pluginapi.Device{{ID: "A", Health: pluginapi.Unhealthy}, {ID: "B-with-a-longer-id", Health: pluginapi.Healthy}})
+	second := next()
+	assert.Equal(t, second.want, second.got)
+	assert.Greater(t, second.got, first.got)
+}

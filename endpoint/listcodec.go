@@ -33,6 +33,8 @@ type listCodec struct {
 	spans []span
 	devs  []*pluginapi.Device
 	spare []span
+	// lastSize is the size of the last device list decoded.
+	lastSize int
 }
 
 type span struct{ start, end int }
@@ -53,6 +55,7 @@ func (c *listCodec) Unmarshal(data mem.BufferSlice, v any) error {
 		return c.proto.Unmarshal(data, v)
 	}
 	raw := data.Materialize()
+	c.lastSize = len(raw)
 	spans, ok := deviceSpans(raw, c.spare[:0])
 	if !ok {
 		c.reset()
