@@ -3,6 +3,7 @@ package endpoint
 import (
 	"bytes"
 	"fmt"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
@@ -16,10 +17,12 @@ import (
 // the time before, in the same order: each device whose encoding is byte for
 // byte the one at the same place in the previous message gets the *Device
 // decoded then, so that decoding an update of 10,000 devices costs a
-// comparison per unchanged device instead of three allocations and a
-// decode, and the manager can tell an unchanged device by its pointer. The
-// result is what proto.Unmarshal gives (the tests compare the two); a
-// message with any field but the devices is decoded by proto.Unmarshal.
+// comparison per unchanged device instead of a decode and its allocations,
+// and the manager can tell an unchanged device by its pointer. The other
+// devices are decoded by decodeDevice, or by proto.Unmarshal when their
+// encoding is not in the usual form; a message with any field but the
+// devices is decoded by proto.Unmarshal whole. The result is what
+// proto.Unmarshal gives (the tests and a fuzz target compare the two).
 //
 // The *Device values are shared between messages and must not be modified.
 // A listCodec belongs to one stream: gRPC calls Unmarshal for one message at
@@ -61,22 +64,6 @@ func (c *listCodec) Unmarshal(data mem.BufferSlice, v any) error {
 		c.reset()
 		return proto.Unmarshal(raw, msg)
 	}
-	same := 0
-	for i, s := range spans {
-		if i < len(c.spans) && c.same(raw, s, i) {
-			same++
-		}
-	}
-	// Decoding devices one by one costs more per device than decoding the
-	// message whole: worth it only when most are the same as before.
-	if same*2 < len(spans) {
-		if err := proto.Unmarshal(raw, msg); err != nil {
-			c.reset()
-			return err
-		}
-		c.keep(raw, spans, msg.Devices)
-		return nil
-	}
 	devs := make([]*pluginapi.Device, len(spans))
 	for i, s := range spans {
 		if i < len(c.spans) && c.same(raw, s, i) {
@@ -84,9 +71,11 @@ func (c *listCodec) Unmarshal(data mem.BufferSlice, v any) error {
 			continue
 		}
 		d := &pluginapi.Device{}
-		if err := proto.Unmarshal(raw[s.start:s.end], d); err != nil {
-			c.reset()
-			return fmt.Errorf("device %d of the list: %w", i, err)
+		if !decodeDevice(raw[s.start:s.end], d) {
+			if err := proto.Unmarshal(raw[s.start:s.end], d); err != nil {
+				c.reset()
+				return fmt.Errorf("device %d of the list: %w", i, err)
+			}
 		}
 		devs[i] = d
 	}
@@ -157,4 +146,86 @@ func countFields(b []byte) int {
 		n++
 	}
 	return n
+}
+
+// decodeDevice decodes b, the encoding of one Device, into d (new) when it
+// has the form marshallers write: the ID, the health and the topology each
+// at most once and in that order, the topology holding NUMA nodes of one ID
+// each, strings in UTF-8. It returns false, leaving d to be decoded again
+// by proto.Unmarshal, for anything else: other orders, repeated or unknown
+// fields, malformed bytes. The health strings the API defines are shared,
+// not copied.
+func decodeDevice(b []byte, d *pluginapi.Device) bool {
+	last := protowire.Number(0)
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 || num <= last || num > 3 || typ != protowire.BytesType {
+			return false
+		}
+		last = num
+		b = b[n:]
+		v, n := protowire.ConsumeBytes(b)
+		if n < 0 {
+			return false
+		}
+		b = b[n:]
+		switch num {
+		case 1:
+			if !utf8.Valid(v) {
+				return false
+			}
+			d.ID = string(v)
+		case 2:
+			switch string(v) {
+			case pluginapi.Healthy:
+				d.Health = pluginapi.Healthy
+			case pluginapi.Unhealthy:
+				d.Health = pluginapi.Unhealthy
+			default:
+				if !utf8.Valid(v) {
+					return false
+				}
+				d.Health = string(v)
+			}
+		case 3:
+			t, ok := decodeTopology(v)
+			if !ok {
+				return false
+			}
+			d.Topology = t
+		}
+	}
+	return true
+}
+
+// decodeTopology decodes a TopologyInfo of NUMA nodes that hold nothing but
+// their ID; false for anything else.
+func decodeTopology(b []byte) (*pluginapi.TopologyInfo, bool) {
+	t := &pluginapi.TopologyInfo{}
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 || num != 1 || typ != protowire.BytesType {
+			return nil, false
+		}
+		b = b[n:]
+		v, n := protowire.ConsumeBytes(b)
+		if n < 0 {
+			return nil, false
+		}
+		b = b[n:]
+		node := &pluginapi.NUMANode{}
+		if len(v) > 0 {
+			num, typ, n := protowire.ConsumeTag(v)
+			if n < 0 || num != 1 || typ != protowire.VarintType {
+				return nil, false
+			}
+			id, m := protowire.ConsumeVarint(v[n:])
+			if m < 0 || n+m != len(v) {
+				return nil, false
+			}
+			node.ID = int64(id)
+		}
+		t.Nodes = append(t.Nodes, node)
+	}
+	return t, true
 }

@@ -82,17 +82,12 @@ func TestListCodecMatchesProto(t *testing.T) {
 				spans, ok := deviceSpans(raw, nil)
 				require.True(t, ok)
 				same := make([]bool, len(spans))
-				nSame := 0
 				for i, s := range spans {
 					same[i] = i < len(prevSpans) &&
 						string(raw[s.start:s.end]) == string(prevRaw[prevSpans[i].start:prevSpans[i].end])
-					if same[i] {
-						nSame++
-					}
 				}
-				// Devices are reused when most of the list is the same.
 				for i := range spans {
-					want := same[i] && nSame*2 >= len(spans)
+					want := same[i]
 					if want {
 						reused++
 					}
@@ -231,4 +226,75 @@ func BenchmarkListCodec(b *testing.B) {
 			}
 		})
 	}
+}
+
+// devicesOfEveryShape are devices whose encodings cover what decodeDevice
+// reads: no field, each field alone, empty and several NUMA nodes, node 0,
+// negative and large IDs, health strings the API does not define.
+func devicesOfEveryShape() []*pluginapi.Device {
+	node := func(ids ...int64) *pluginapi.TopologyInfo {
+		t := &pluginapi.TopologyInfo{}
+		for _, id := range ids {
+			t.Nodes = append(t.Nodes, &pluginapi.NUMANode{ID: id})
+		}
+		return t
+	}
+	return []*pluginapi.Device{
+		{},
+		{ID: "GPU-0b3a8a5e-5c1f-4a39-9e5e-1d2f3a4b5c6d"},
+		{Health: pluginapi.Healthy},
+		{ID: "a", Health: pluginapi.Unhealthy, Topology: node()},
+		{ID: "b", Health: "Unknown", Topology: node(0)},
+		{ID: "c", Health: pluginapi.Healthy, Topology: node(0, 1, 63)},
+		{ID: "d", Topology: node(-1, 1<<40)},
+		{ID: "日本語", Health: "héalthy", Topology: node(7)},
+	}
+}
+
+// Encodings as marshallers write them take decodeDevice's path and give
+// what proto.Unmarshal gives.
+func TestDecodeDeviceMatchesProto(t *testing.T) {
+	for i, want := range devicesOfEveryShape() {
+		raw, err := proto.Marshal(want)
+		require.NoError(t, err)
+		got := &pluginapi.Device{}
+		require.True(t, decodeDevice(raw, got), "device %d: %v", i, want)
+		assert.True(t, proto.Equal(want, got), "device %d: got %v, want %v", i, got, want)
+	}
+	// Anything else is left to proto.Unmarshal.
+	ok := func(b []byte) bool { return decodeDevice(b, &pluginapi.Device{}) }
+	health := protowire.AppendString(protowire.AppendTag(nil, 2, protowire.BytesType), "Healthy")
+	id := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "x")
+	assert.False(t, ok(append(append([]byte{}, health...), id...)), "fields out of order")
+	assert.False(t, ok(append(append([]byte{}, id...), id...)), "a field twice")
+	assert.False(t, ok(protowire.AppendVarint(protowire.AppendTag(nil, 4, protowire.VarintType), 1)), "an unknown field")
+	assert.False(t, ok(protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "\xff")), "invalid UTF-8")
+	nodeWithMore := protowire.AppendVarint(protowire.AppendTag(protowire.AppendVarint(protowire.AppendTag(nil, 1, protowire.VarintType), 1), 2, protowire.VarintType), 5)
+	topo := protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), nodeWithMore)
+	assert.False(t, ok(protowire.AppendBytes(protowire.AppendTag(nil, 3, protowire.BytesType), topo)), "a NUMA node with another field")
+}
+
+// FuzzDecodeDevice: whenever decodeDevice accepts bytes, proto.Unmarshal
+// accepts them too and decodes the same device.
+func FuzzDecodeDevice(f *testing.F) {
+	for _, d := range devicesOfEveryShape() {
+		raw, err := proto.Marshal(d)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(raw)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got := &pluginapi.Device{}
+		if !decodeDevice(b, got) {
+			return
+		}
+		want := &pluginapi.Device{}
+		if err := proto.Unmarshal(b, want); err != nil {
+			t.Fatalf("decodeDevice accepted what proto.Unmarshal refuses (%v): %x", err, b)
+		}
+		if !proto.Equal(want, got) {
+			t.Fatalf("decodeDevice %v, proto.Unmarshal %v, from %x", got, want, b)
+		}
+	})
 }
