@@ -91,14 +91,16 @@ func run(t *testing.T, e *Endpoint) (<-chan *pluginapi.ListAndWatchResponse, *ru
 	return msgs, r
 }
 
-func recv(t *testing.T, msgs <-chan *pluginapi.ListAndWatchResponse) *pluginapi.ListAndWatchResponse {
+// recv returns what the callback sent for the next ListAndWatch message.
+func recv[T any](t *testing.T, msgs <-chan T) T {
 	t.Helper()
 	select {
 	case m := <-msgs:
 		return m
 	case <-time.After(10 * time.Second):
 		t.Fatal("no ListAndWatch message")
-		return nil
+		var zero T
+		return zero
 	}
 }
 
@@ -371,20 +373,10 @@ func TestLastMessageBytes(t *testing.T) {
 		e.Stop()
 		assert.NoError(t, <-done, "Run after Stop")
 	})
-	next := func() sized {
-		t.Helper()
-		select {
-		case s := <-sizes:
-			return s
-		case <-time.After(10 * time.Second):
-			t.Fatal("no ListAndWatch message")
-			return sized{}
-		}
-	}
-	first := next()
+	first := recv(t, sizes)
 	assert.Equal(t, first.want, first.got)
 	p.Update([]*pluginapi.Device{{ID: "A", Health: pluginapi.Unhealthy}, {ID: "B-with-a-longer-id", Health: pluginapi.Healthy}})
-	second := next()
+	second := recv(t, sizes)
 	assert.Equal(t, second.want, second.got)
 	assert.Greater(t, second.got, first.got)
 }
