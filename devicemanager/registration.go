@@ -15,6 +15,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/openkubelet/devmgr/endpoint"
+	"github.com/openkubelet/devmgr/podstate"
 )
 
 // supportedVersions are the device-plugin API versions the manager speaks.
@@ -174,16 +175,20 @@ func (m *ManagerImpl) onDevices(resource string, ep *endpoint.Endpoint, devs []*
 	healthy := r.healthy.Len()
 	// The owners of changed devices, in device ID order; only the few
 	// devices that have owners are sorted, not a whole new list.
-	var owned []string
+	type ownedDevice struct {
+		id   string
+		refs []podstate.ContainerRef
+	}
+	var owned []ownedDevice
 	for _, id := range changed {
-		if len(m.ledger.Owners(resource, id)) > 0 {
-			owned = append(owned, id)
+		if refs := m.ledger.Owners(resource, id); len(refs) > 0 {
+			owned = append(owned, ownedDevice{id, refs})
 		}
 	}
-	slices.Sort(owned)
+	slices.SortFunc(owned, func(a, b ownedDevice) int { return strings.Compare(a.id, b.id) })
 	var owners []string
-	for _, id := range owned {
-		for _, ref := range m.ledger.Owners(resource, id) {
+	for _, o := range owned {
+		for _, ref := range o.refs {
 			owners = append(owners, ref.PodUID)
 		}
 	}
