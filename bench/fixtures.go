@@ -306,15 +306,7 @@ func durableWrite(dir, name string, blob []byte) error {
 		_ = os.Remove(tmp)
 		return err
 	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	return syncDir(dir)
 }
 
 // exchangeWrite writes blob to dir/name the way devmgr's store does once a
@@ -343,6 +335,11 @@ func exchangeWrite(dir, name string, blob []byte) error {
 	if err != nil {
 		return fmt.Errorf("exchange write: %w", err)
 	}
+	return syncDir(dir)
+}
+
+// syncDir makes dir's entries (a rename, an exchange) durable.
+func syncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return err

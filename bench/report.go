@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"os/exec"
@@ -509,12 +510,7 @@ func (r *report) notes() {
 	type key struct{ job, impl, status, note string }
 	counts := map[key]int{}
 	var order []key
-	names := make([]string, 0, len(r.results))
-	for name := range r.results {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(r.results)) {
 		for _, impl := range []string{"devmgr", "kubelet", "disk", "wire"} {
 			for _, res := range r.results[name][impl] {
 				if res.Status == statusOK && res.Note == "" {
@@ -548,12 +544,7 @@ func (r *report) notes() {
 // raw lists every run's figures.
 func (r *report) raw() {
 	r.p("## Every run\n\n<details><summary>%d fresh processes</summary>\n\n```\n", r.count())
-	names := make([]string, 0, len(r.results))
-	for name := range r.results {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(r.results)) {
 		for _, impl := range []string{"devmgr", "kubelet", "disk", "wire"} {
 			for i, res := range r.results[name][impl] {
 				keys := make([]string, 0, len(res.Metrics))

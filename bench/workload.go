@@ -324,16 +324,26 @@ func checkAllocations(s subject, pods []*v1.Pod) (held []string, missing, duplic
 	return held, missing, duplicates
 }
 
+// gpuNode starts a manager that knows n pods asking for one GPU each, and a
+// plugin with n GPUs, for W2 and W4's preparation.
+func (r *run) gpuNode(n int) (subject, []*v1.Pod, error) {
+	pods := makePods(n, resGPU)
+	s, err := r.startManager(pods)
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := r.plugin(s, resGPU, makeDevices(n)); err != nil {
+		return nil, nil, err
+	}
+	return s, pods, nil
+}
+
 // w2 admits 1,000 pods of one device each, on 1,000 devices, one after the
 // other.
 func (r *run) w2() error {
 	const n = 1000
-	pods := makePods(n, resGPU)
-	s, err := r.startManager(pods)
+	s, pods, err := r.gpuNode(n)
 	if err != nil {
-		return err
-	}
-	if _, err := r.plugin(s, resGPU, makeDevices(n)); err != nil {
 		return err
 	}
 	stop, err := r.startProfile()
@@ -439,12 +449,8 @@ func (r *run) w3(npods, iters int) error {
 // admitted on 1,000 devices by this implementation.
 func (r *run) w4prep() error {
 	const n = 1000
-	pods := makePods(n, resGPU)
-	s, err := r.startManager(pods)
+	s, pods, err := r.gpuNode(n)
 	if err != nil {
-		return err
-	}
-	if _, err := r.plugin(s, resGPU, makeDevices(n)); err != nil {
 		return err
 	}
 	if _, err := admitAll(s, pods, nil); err != nil {

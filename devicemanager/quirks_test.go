@@ -27,6 +27,7 @@ import (
 
 	"github.com/openkubelet/devmgr/checkpoint"
 	"github.com/openkubelet/devmgr/endpoint"
+	"github.com/openkubelet/devmgr/internal/fdcheck"
 	"github.com/openkubelet/devmgr/plugintest"
 )
 
@@ -50,7 +51,7 @@ type leakCheck struct {
 
 func newLeakCheck(t *testing.T) *leakCheck {
 	t.Helper()
-	return &leakCheck{t: t, fds: openFDs(t), goroutines: goleak.IgnoreCurrent()}
+	return &leakCheck{t: t, fds: fdcheck.Snapshot(t), goroutines: goleak.IgnoreCurrent()}
 }
 
 // verify waits until the process holds no more file descriptors than at the
@@ -61,11 +62,11 @@ func (l *leakCheck) verify() {
 	l.t.Helper()
 	var now map[string]string
 	if !assert.Eventually(l.t, func() bool {
-		now = openFDs(l.t)
+		now = fdcheck.Snapshot(l.t)
 		return len(now) <= len(l.fds)
 	}, waitTimeout, 5*time.Millisecond) {
 		l.t.Errorf("file descriptors leaked: %d at the snapshot, %d now; new: %v",
-			len(l.fds), len(now), newFDs(l.fds, now))
+			len(l.fds), len(now), fdcheck.New(l.fds, now))
 	}
 	deadline := time.Now().Add(waitTimeout)
 	for {
@@ -78,37 +79,6 @@ func (l *leakCheck) verify() {
 			return
 		}
 	}
-}
-
-// openFDs lists /proc/self/fd with each descriptor's target. The listing's
-// own descriptor is in it too (with target "?": it is closed by the time of
-// the readlink), in every snapshot alike.
-func openFDs(t *testing.T) map[string]string {
-	t.Helper()
-	entries, err := os.ReadDir("/proc/self/fd")
-	require.NoError(t, err)
-	out := make(map[string]string, len(entries))
-	for _, e := range entries {
-		target, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name()))
-		if err != nil {
-			target = "?" // closed between the listing and the readlink
-		}
-		out[e.Name()] = target
-	}
-	return out
-}
-
-// newFDs returns the targets open now that were not open at the snapshot,
-// for the failure message.
-func newFDs(before, now map[string]string) []string {
-	var out []string
-	for fd, target := range now {
-		if before[fd] != target {
-			out = append(out, fd+" -> "+target)
-		}
-	}
-	slices.Sort(out)
-	return out
 }
 
 // resBystander is the resource of the well-behaved plugin.

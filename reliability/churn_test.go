@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/openkubelet/devmgr/internal/fdcheck"
 )
 
 // churnDevices is the number of devices of the churned plugin; each cycle's
@@ -46,7 +48,7 @@ func TestChurn(t *testing.T) {
 
 	leaks := newLeakCheck(t)
 	baseGoroutines := settledGoroutines(runtime.NumGoroutine())
-	baseFDs := len(openFDs(t))
+	baseFDs := len(fdcheck.Snapshot(t))
 	start := time.Now()
 	var prev *v1.Pod
 	maxGoroutines, maxFDs := baseGoroutines, baseFDs
@@ -76,7 +78,7 @@ func TestChurn(t *testing.T) {
 	assert.Empty(t, r.m.GetDevices(fmt.Sprintf("churn-%d", *cycles-1), "c"))
 
 	endGoroutines := settledGoroutines(baseGoroutines)
-	endFDs := len(openFDs(t))
+	endFDs := len(fdcheck.Snapshot(t))
 	assert.LessOrEqual(t, endGoroutines, baseGoroutines, "goroutines left behind by %d cycles", fig.Cases)
 	fdLeaks, goroutineLeaks := leaks.verify(t)
 	assert.LessOrEqual(t, endFDs, baseFDs, "file descriptors left behind by %d cycles", fig.Cases)
@@ -128,7 +130,7 @@ func churnCycle(t *testing.T, r *rig, cfg childConfig, i int, prev **v1.Pod, pea
 
 		c.reregister()
 		r.waitCapacity(resGPU, churnDevices, churnDevices)
-		peak.goroutines, peak.fds = runtime.NumGoroutine(), len(openFDs(t))
+		peak.goroutines, peak.fds = runtime.NumGoroutine(), len(fdcheck.Snapshot(t))
 		c.kill()
 		r.waitCapacity(resGPU, churnDevices, 0)
 		assert.Equal(t, held, r.held(pod, resGPU), "the allocation outlives its plugin")

@@ -37,6 +37,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/openkubelet/devmgr/devicemanager"
+	"github.com/openkubelet/devmgr/internal/fdcheck"
 	"github.com/openkubelet/devmgr/plugintest"
 )
 
@@ -557,7 +558,7 @@ type leakCheck struct {
 
 func newLeakCheck(t testing.TB) *leakCheck {
 	t.Helper()
-	return &leakCheck{fds: openFDs(t), goroutines: goleak.IgnoreCurrent(), count: runtime.NumGoroutine()}
+	return &leakCheck{fds: fdcheck.Snapshot(t), goroutines: goleak.IgnoreCurrent(), count: runtime.NumGoroutine()}
 }
 
 // verify waits until the process holds no more file descriptors than at the
@@ -568,13 +569,13 @@ func (l *leakCheck) verify(t testing.TB) (fds, goroutines int) {
 	var now map[string]string
 	deadline := time.Now().Add(waitLimit)
 	for {
-		now = openFDs(t)
+		now = fdcheck.Snapshot(t)
 		if len(now) <= len(l.fds) {
 			break
 		}
 		if time.Now().After(deadline) {
 			fds = len(now) - len(l.fds)
-			t.Errorf("file descriptors leaked: %d at the snapshot, %d now; new: %v", len(l.fds), len(now), newFDs(l.fds, now))
+			t.Errorf("file descriptors leaked: %d at the snapshot, %d now; new: %v", len(l.fds), len(now), fdcheck.New(l.fds, now))
 			break
 		}
 		waitTick()
@@ -613,34 +614,6 @@ func settledGoroutines(want int) int {
 		}
 		waitTick()
 	}
-}
-
-// openFDs lists /proc/self/fd with each descriptor's target. The listing's
-// own descriptor is in every snapshot alike.
-func openFDs(t testing.TB) map[string]string {
-	t.Helper()
-	entries, err := os.ReadDir("/proc/self/fd")
-	require.NoError(t, err)
-	out := make(map[string]string, len(entries))
-	for _, e := range entries {
-		target, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name()))
-		if err != nil {
-			target = "?"
-		}
-		out[e.Name()] = target
-	}
-	return out
-}
-
-func newFDs(before, now map[string]string) []string {
-	var out []string
-	for fd, target := range now {
-		if before[fd] != target {
-			out = append(out, fd+" -> "+target)
-		}
-	}
-	slices.Sort(out)
-	return out
 }
 
 // The plugin child: the test binary re-executed as a device plugin process,
@@ -918,14 +891,20 @@ func countOf(lines []string, line string) int {
 	return n
 }
 
+// claimReap reports whether the caller is the first to reap the child, and
+// marks it reaped.
+func (c *pluginChild) claimReap() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	first := !c.reaped
+	c.reaped = true
+	return first
+}
+
 // kill sends SIGKILL and reaps the process: a crash, no cleanup in the
 // child (its socket file stays behind). Idempotent.
 func (c *pluginChild) kill() {
-	c.mu.Lock()
-	reaped := c.reaped
-	c.reaped = true
-	c.mu.Unlock()
-	if reaped {
+	if !c.claimReap() {
 		return
 	}
 	_ = c.cmd.Process.Signal(syscall.SIGKILL)
@@ -938,11 +917,7 @@ func (c *pluginChild) kill() {
 // reaps it; the exit must be clean.
 func (c *pluginChild) stop() {
 	c.t.Helper()
-	c.mu.Lock()
-	reaped := c.reaped
-	c.reaped = true
-	c.mu.Unlock()
-	if reaped {
+	if !c.claimReap() {
 		return
 	}
 	_ = c.stdin.Close()
