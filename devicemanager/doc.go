@@ -19,6 +19,10 @@
 //	err = m.Allocate(ctx, pod, &pod.Spec.Containers[0])          // at admission
 //	opts, err := m.GetDeviceRunContainerOptions(ctx, pod, &pod.Spec.Containers[0]) // before start
 //
+// An embedder that relays a plugin's device lists itself, or a test, can hand
+// a list to PluginListAndWatchReceiver (the kubelet's method of that name): it
+// takes effect, checkpoint included, before the call returns.
+//
 // # Differences from the kubelet
 //
 // devmgr fixes bugs users hit upstream: devices picked for an in-flight

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/openkubelet/devmgr/endpoint"
@@ -159,6 +160,41 @@ func (m *ManagerImpl) follow(resource string, ep *endpoint.Endpoint) {
 		m.log.Error(err, "ListAndWatch ended unexpectedly for device plugin", keyResource, resource, keySocket, ep.SocketPath())
 	}
 	m.disconnect(resource, ep)
+}
+
+// PluginListAndWatchReceiver applies one ListAndWatch message for
+// resourceName as if the resource's primary plugin instance had sent it on
+// its stream: the kubelet's entry point of that name, for an embedder that
+// relays a plugin's device lists itself, and for tests and benchmarks that
+// drive the manager without gRPC. Exactly what a message on the stream does
+// happens before it returns: the device list and health are replaced, the
+// owners of devices whose health changed are sent on Updates, and the
+// checkpoint is written if its content changed. The plugin's own stream keeps
+// applying its messages; the latest message wins, as in the kubelet.
+//
+// Unlike the kubelet, a list for a resource with no connected plugin instance
+// (never registered, or its last plugin gone) is ignored, and so is a nil
+// response: devices nobody serves cannot become healthy. logger receives the
+// message saying so.
+func (m *ManagerImpl) PluginListAndWatchReceiver(logger klog.Logger, resourceName string, resp *pluginapi.ListAndWatchResponse) {
+	if resp == nil {
+		logger.Error(nil, "Ignoring a nil ListAndWatch response", keyResource, resourceName)
+		return
+	}
+	m.mu.Lock()
+	var ep *endpoint.Endpoint
+	if r := m.resources[resourceName]; r != nil && len(r.instances) > 0 {
+		ep = r.primary
+	}
+	m.mu.Unlock()
+	if ep == nil {
+		logger.Info("Ignoring a device list for a resource with no connected device plugin", keyResource, resourceName,
+			keyCount, len(resp.GetDevices()))
+		return
+	}
+	// Should the instance disconnect in between, onDevices drops the list,
+	// as it drops a late message from that instance's stream.
+	m.onDevices(resourceName, ep, resp.GetDevices())
 }
 
 // onDevices applies one ListAndWatch message: the device list of the resource
