@@ -60,7 +60,7 @@ func (m *ManagerImpl) collectResourcesLocked(names []string) {
 		r.unhealthy = sets.New[string]()
 		r.healthySorted = nil
 		r.census = nil
-		r.lastList = nil
+		r.lastList, r.order = nil, nil
 	}
 }
 

@@ -233,7 +233,17 @@ func (m *ManagerImpl) onDevices(resource string, ep *endpoint.Endpoint, devs []*
 		m.gen++
 		gen = m.gen
 	}
+	// A list with new IDs is sorted (for the checkpoint) here, with the lock
+	// released, rather than in persist's snapshot, under it: GetCapacity and
+	// admissions do not wait for the sort.
+	list, byID := r.unsortedList()
 	m.mu.Unlock()
+	if byID != nil {
+		order, ids := sortByID(byID)
+		m.mu.Lock()
+		r.adoptOrder(list, order, ids)
+		m.mu.Unlock()
+	}
 
 	m.log.V(2).Info("Device plugin reported devices", keyResource, resource, keySocket, ep.SocketPath(),
 		keyCount, len(devs), keyHealthy, healthy, "changed", len(changed))

@@ -2,6 +2,7 @@ package devicemanager
 
 import (
 	"slices"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/util/sets"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -45,6 +46,9 @@ type resourceState struct {
 	// in the same order: an update that lists the same IDs in that order is
 	// applied in place, in one pass with no map built (see updateInPlace).
 	lastList []*pluginapi.Device
+	// order is lastList's indices in ID order; nil when stale, and always
+	// when lastList is nil. An update applied in place keeps it.
+	order []int32
 }
 
 // instance is one connected plugin instance; seq orders registrations.
@@ -81,27 +85,102 @@ func (m *ManagerImpl) resourceLocked(name string) *resourceState {
 
 // sortedHealthy returns the healthy IDs in order; the slice is shared and must
 // not be modified. It filters the sorted list of all IDs, which is sorted
-// again only when the set of IDs changes (health flips cost no sort).
+// again only when the set of IDs changes (health flips cost no sort). When
+// lastList holds the devices, the filter reads each device's health through
+// order, with no set lookup.
 func (r *resourceState) sortedHealthy() []string {
-	if r.healthySorted == nil {
-		out := make([]string, 0, r.healthy.Len())
+	if r.healthySorted != nil {
+		return r.healthySorted
+	}
+	out := make([]string, 0, r.healthy.Len())
+	if r.lastList != nil {
+		r.sortLastList()
+		for _, i := range r.order {
+			if d := r.lastList[i]; d.Health == pluginapi.Healthy {
+				out = append(out, d.ID)
+			}
+		}
+	} else {
 		for _, id := range r.sortedDeviceIDs() {
 			if r.healthy.Has(id) {
 				out = append(out, id)
 			}
 		}
-		r.healthySorted = out
 	}
-	return r.healthySorted
+	r.healthySorted = out
+	return out
 }
 
 // sortedDeviceIDs returns the IDs of all devices in order; the slice is
 // shared and must not be modified.
 func (r *resourceState) sortedDeviceIDs() []string {
-	if r.sortedIDs == nil {
-		r.sortedIDs = sets.List(sets.KeySet(r.devices))
+	switch {
+	case r.lastList != nil:
+		r.sortLastList()
+	case r.sortedIDs == nil:
+		ids := make([]string, 0, len(r.devices))
+		for id := range r.devices {
+			ids = append(ids, id)
+		}
+		slices.Sort(ids)
+		r.sortedIDs = ids
 	}
 	return r.sortedIDs
+}
+
+// sortLastList makes order and sortedIDs describe lastList, unless they
+// already do. Expects lastList not nil.
+func (r *resourceState) sortLastList() {
+	if r.order == nil || r.sortedIDs == nil {
+		r.order, r.sortedIDs = sortByID(idsAt(r.lastList))
+	}
+}
+
+// idAt is a device ID and its index in a device list.
+type idAt struct {
+	id string
+	i  int32
+}
+
+// idsAt copies the IDs of list, with their indices.
+func idsAt(list []*pluginapi.Device) []idAt {
+	out := make([]idAt, len(list))
+	for i, d := range list {
+		out[i] = idAt{d.ID, int32(i)}
+	}
+	return out
+}
+
+// sortByID sorts byID (in place) and returns its indices and IDs in that
+// order. It reads nothing shared, so it runs outside the manager's lock.
+func sortByID(byID []idAt) (order []int32, ids []string) {
+	slices.SortFunc(byID, func(a, b idAt) int { return strings.Compare(a.id, b.id) })
+	order, ids = make([]int32, len(byID)), make([]string, len(byID))
+	for k, x := range byID {
+		order[k], ids[k] = x.i, x.id
+	}
+	return order, ids
+}
+
+// unsortedList returns lastList and a copy of its IDs when they need sorting
+// (a list whose IDs changed), for sortByID outside the lock; nil otherwise.
+func (r *resourceState) unsortedList() ([]*pluginapi.Device, []idAt) {
+	if len(r.lastList) == 0 || (r.order != nil && r.sortedIDs != nil) {
+		return nil, nil
+	}
+	return r.lastList, idsAt(r.lastList)
+}
+
+// adoptOrder installs an order sorted outside the lock for list, if list is
+// still lastList (updates in place keep it, with its IDs and their order)
+// and nobody sorted it meanwhile.
+func (r *resourceState) adoptOrder(list []*pluginapi.Device, order []int32, ids []string) {
+	if len(list) == 0 || len(r.lastList) != len(list) || &r.lastList[0] != &list[0] {
+		return
+	}
+	if r.order == nil || r.sortedIDs == nil {
+		r.order, r.sortedIDs = order, ids
+	}
 }
 
 // setDevices replaces the device list with devs and returns the IDs whose
@@ -147,7 +226,7 @@ func (r *resourceState) setDevices(devs []*pluginapi.Device) (changed []string, 
 		healthyChanged = healthy.Has(id) != r.healthy.Has(id)
 	}
 	r.devices, r.healthy, r.unhealthy = devices, healthy, unhealthy
-	r.lastList = nil
+	r.lastList, r.order = nil, nil
 	if len(devices) == len(devs) {
 		r.lastList = slices.Clone(devs)
 	}
@@ -232,7 +311,7 @@ func sameTopology(a, b *pluginapi.TopologyInfo) bool {
 // markUnhealthy moves every healthy device to unhealthy: the plugin is gone,
 // its devices still count in capacity but not in allocatable.
 func (r *resourceState) markUnhealthy() {
-	r.lastList = nil
+	r.lastList, r.order = nil, nil
 	if r.healthy.Len() == 0 {
 		return
 	}
