@@ -104,6 +104,10 @@ func (s *kubeletSubject) Hints(pod *v1.Pod, c *v1.Container, res string) int {
 	return len(h)
 }
 
+func (s *kubeletSubject) Receive(res string, devs []*pluginapi.Device) {
+	s.m.PluginListAndWatchReceiver(s.log, res, &pluginapi.ListAndWatchResponse{Devices: devs})
+}
+
 func (s *kubeletSubject) SocketDir() string { return filepath.Clean(pluginapi.DevicePluginPath) }
 
 func (s *kubeletSubject) DrainUpdates() {

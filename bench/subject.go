@@ -7,6 +7,7 @@ import (
 
 	"github.com/go-logr/logr"
 	v1 "k8s.io/api/core/v1"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/openkubelet/devmgr/devicemanager"
 	"github.com/openkubelet/devmgr/topology"
@@ -34,6 +35,11 @@ type subject interface {
 	// DrainUpdates consumes the manager's Updates channel, as a kubelet does,
 	// until the process ends.
 	DrainUpdates()
+	// Receive hands one ListAndWatch message for res to the manager's
+	// PluginListAndWatchReceiver, the method the kubelet's plugin client
+	// calls for each message (both modules export it). Both implementations
+	// apply the list and write the checkpoint before it returns.
+	Receive(res string, devs []*pluginapi.Device)
 }
 
 const checkpointName = "kubelet_internal_checkpoint"
@@ -112,6 +118,10 @@ func (s *devmgrSubject) Hints(pod *v1.Pod, c *v1.Container, res string) int {
 }
 
 func (s *devmgrSubject) SocketDir() string { return s.dir }
+
+func (s *devmgrSubject) Receive(res string, devs []*pluginapi.Device) {
+	s.m.PluginListAndWatchReceiver(s.log, res, &pluginapi.ListAndWatchResponse{Devices: devs})
+}
 
 func (s *devmgrSubject) DrainUpdates() {
 	ch := s.m.Updates()

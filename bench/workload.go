@@ -65,13 +65,13 @@ const afterWrite = 100 * time.Millisecond
 func runMain(args []string) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	impl := fs.String("impl", "devmgr", "devmgr or kubelet")
-	workload := fs.String("workload", "", "W1, W2, W3, W4prep, W4, W5, W6, floor or floorgrow")
+	workload := fs.String("workload", "", "W1, W2, W3, W3direct, W4prep, W4, W5, W6, floor, floorgrow or W3wire")
 	dir := fs.String("dir", "", "directory for sockets and the checkpoint (on disk)")
 	n := fs.Int("n", 1000, "W1: devices to register")
 	pods := fs.Int("pods", 0, "W3: pods holding the flipped devices (0 or 1000)")
 	goroutines := fs.Int("goroutines", 1, "W5: admitting goroutines (1 or 2)")
 	size := fs.Int("size", 0, "floor: bytes per write; floorgrow: the last write's size")
-	iters := fs.Int("iters", 0, "W3, W6, floor: timed repetitions (0: the workload's default)")
+	iters := fs.Int("iters", 0, "W3, W3direct, W6, floor: timed repetitions (0: the workload's default)")
 	profile := fs.String("cpuprofile", "", "write a CPU profile of the timed section to this file")
 	fs.DurationVar(&pollInterval, "poll", 0, "pause between GetCapacity polls (0: a tight loop)")
 	if err := fs.Parse(args); err != nil {
@@ -95,9 +95,9 @@ func runMain(args []string) error {
 		err = r.w1(*n)
 	case "W2":
 		err = r.w2()
-	case "W3":
+	case "W3", "W3direct":
 		r.res.Variant = fmt.Sprintf("pods=%d", *pods)
-		err = r.w3(*pods, orDefault(*iters, 10))
+		err = r.w3(*pods, orDefault(*iters, 10), *workload == "W3direct")
 	case "W4prep":
 		err = r.w4prep()
 	case "W4":
@@ -386,7 +386,13 @@ func (r *run) w2() error {
 // devices (the devices the pods hold, when pods > 0), alternately to unhealthy
 // and back, and times until GetCapacity shows the new allocatable (visible)
 // and until the checkpoint file has been replaced (durable).
-func (r *run) w3(npods, iters int) error {
+//
+// direct hands the same messages to the manager's PluginListAndWatchReceiver
+// instead, as the plugin client does once it has received one, and times the
+// call (call_ns): the manager's own work, with no plugin and no gRPC. Both
+// implementations apply the list and write the checkpoint before the call
+// returns; the run checks that they did.
+func (r *run) w3(npods, iters int, direct bool) error {
 	const n = 10000
 	pods := makePods(npods, resGPU)
 	s, err := r.startManager(pods)
@@ -418,6 +424,9 @@ func (r *run) w3(npods, iters int) error {
 	msgs := [][]*pluginapi.Device{withUnhealthy(devs, flip), devs}
 	want := []int64{int64(n - len(flip)), n}
 	cp := checkpointPath(s)
+	if direct {
+		return r.w3direct(s, devs, []map[string]bool{flip, nil}, want, iters)
+	}
 	var visible, durable durations
 	stop, err := r.startProfile()
 	if err != nil {
@@ -442,6 +451,36 @@ func (r *run) w3(npods, iters int) error {
 	r.duration("visible_min_ns", visible.quantile(0))
 	r.duration("durable_ns", median(durable))
 	r.metric("flipped", float64(len(flip)))
+	return nil
+}
+
+// w3direct is W3's loop through PluginListAndWatchReceiver. Each message is
+// built afresh outside the timed call, as a gRPC client decodes each one.
+func (r *run) w3direct(s subject, devs []*pluginapi.Device, flips []map[string]bool, want []int64, iters int) error {
+	cp := checkpointPath(s)
+	var call durations
+	stop, err := r.startProfile()
+	if err != nil {
+		return err
+	}
+	defer stop()
+	for i := range iters {
+		msg := withUnhealthy(devs, flips[i%2])
+		before := stampOf(cp)
+		start := time.Now()
+		s.Receive(resGPU, msg)
+		call = append(call, time.Since(start))
+		if _, a, _ := s.Capacity(resGPU); a != want[i%2] {
+			return fmt.Errorf("allocatable %d after the call, want %d", a, want[i%2])
+		}
+		if st := stampOf(cp); !st.exists || st == before {
+			return errors.New("the checkpoint was not rewritten before the call returned")
+		}
+		time.Sleep(afterWrite)
+	}
+	r.duration("call_ns", median(call))
+	r.duration("call_min_ns", call.quantile(0))
+	r.metric("flipped", float64(len(flips[0])))
 	return nil
 }
 
