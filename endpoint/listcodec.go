@@ -38,6 +38,37 @@ type listCodec struct {
 	spare []span
 	// lastSize is the size of the last device list decoded.
 	lastSize int
+	// topologies are the topologies decoded so far, by encoding.
+	topologies topologyCache
+}
+
+// topologyCache shares one *TopologyInfo among the devices whose topology is
+// encoded with the same bytes: a node has a handful of NUMA layouts and
+// thousands of devices, so a list costs a map lookup per device instead of
+// three allocations. The values are shared like the devices themselves and
+// must not be modified. It keeps at most maxTopologies encodings; past that,
+// topologies are decoded per device.
+type topologyCache map[string]*pluginapi.TopologyInfo
+
+const maxTopologies = 64
+
+// decode returns the topology encoded in b (see decodeTopology), shared when
+// the same bytes were seen before. A nil cache shares nothing.
+func (c *topologyCache) decode(b []byte) (*pluginapi.TopologyInfo, bool) {
+	if c == nil {
+		return decodeTopology(b)
+	}
+	if t, ok := (*c)[string(b)]; ok {
+		return t, true
+	}
+	t, ok := decodeTopology(b)
+	if ok && len(*c) < maxTopologies {
+		if *c == nil {
+			*c = topologyCache{}
+		}
+		(*c)[string(b)] = t
+	}
+	return t, ok
 }
 
 type span struct{ start, end int }
@@ -71,7 +102,7 @@ func (c *listCodec) Unmarshal(data mem.BufferSlice, v any) error {
 			continue
 		}
 		d := &pluginapi.Device{}
-		if !decodeDevice(raw[s.start:s.end], d) {
+		if !decodeDevice(raw[s.start:s.end], d, &c.topologies) {
 			if err := proto.Unmarshal(raw[s.start:s.end], d); err != nil {
 				c.reset()
 				return fmt.Errorf("device %d of the list: %w", i, err)
@@ -154,8 +185,8 @@ func countFields(b []byte) int {
 // each, strings in UTF-8. It returns false, leaving d to be decoded again
 // by proto.Unmarshal, for anything else: other orders, repeated or unknown
 // fields, malformed bytes. The health strings the API defines are shared,
-// not copied.
-func decodeDevice(b []byte, d *pluginapi.Device) bool {
+// not copied, and so are topologies through topologies (which may be nil).
+func decodeDevice(b []byte, d *pluginapi.Device, topologies *topologyCache) bool {
 	last := protowire.Number(0)
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
@@ -188,7 +219,7 @@ func decodeDevice(b []byte, d *pluginapi.Device) bool {
 				d.Health = string(v)
 			}
 		case 3:
-			t, ok := decodeTopology(v)
+			t, ok := topologies.decode(v)
 			if !ok {
 				return false
 			}

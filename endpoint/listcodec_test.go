@@ -253,16 +253,25 @@ func devicesOfEveryShape() []*pluginapi.Device {
 
 // Encodings as marshallers write them take decodeDevice's path and give
 // what proto.Unmarshal gives.
+// Decoded twice through one topology cache, a device gets the same
+// *TopologyInfo the second time.
 func TestDecodeDeviceMatchesProto(t *testing.T) {
+	var cache topologyCache
 	for i, want := range devicesOfEveryShape() {
 		raw, err := proto.Marshal(want)
 		require.NoError(t, err)
-		got := &pluginapi.Device{}
-		require.True(t, decodeDevice(raw, got), "device %d: %v", i, want)
+		got, again := &pluginapi.Device{}, &pluginapi.Device{}
+		require.True(t, decodeDevice(raw, got, nil), "device %d: %v", i, want)
 		assert.True(t, proto.Equal(want, got), "device %d: got %v, want %v", i, got, want)
+		require.True(t, decodeDevice(raw, got, &cache), "device %d: %v", i, want)
+		require.True(t, decodeDevice(raw, again, &cache), "device %d: %v", i, want)
+		assert.True(t, proto.Equal(want, again), "device %d: got %v, want %v", i, again, want)
+		if want.Topology != nil {
+			assert.Same(t, got.Topology, again.Topology, "device %d: the topology is shared", i)
+		}
 	}
 	// Anything else is left to proto.Unmarshal.
-	ok := func(b []byte) bool { return decodeDevice(b, &pluginapi.Device{}) }
+	ok := func(b []byte) bool { return decodeDevice(b, &pluginapi.Device{}, nil) }
 	health := protowire.AppendString(protowire.AppendTag(nil, 2, protowire.BytesType), "Healthy")
 	id := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "x")
 	assert.False(t, ok(append(append([]byte{}, health...), id...)), "fields out of order")
@@ -286,7 +295,7 @@ func FuzzDecodeDevice(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		got := &pluginapi.Device{}
-		if !decodeDevice(b, got) {
+		if !decodeDevice(b, got, nil) {
 			return
 		}
 		want := &pluginapi.Device{}
@@ -296,5 +305,46 @@ func FuzzDecodeDevice(f *testing.F) {
 		if !proto.Equal(want, got) {
 			t.Fatalf("decodeDevice %v, proto.Unmarshal %v, from %x", got, want, b)
 		}
+		// Through a topology cache, the first decode and a shared second
+		// one give the same device.
+		var cache topologyCache
+		for range 2 {
+			shared := &pluginapi.Device{}
+			if !decodeDevice(b, shared, &cache) || !proto.Equal(want, shared) {
+				t.Fatalf("through the cache: %v, proto.Unmarshal %v, from %x", shared, want, b)
+			}
+		}
 	})
+}
+
+// A list's devices share one *TopologyInfo per distinct encoding, up to
+// maxTopologies encodings; past that, each device gets its own, and every
+// device still decodes as proto.Unmarshal decodes it.
+func TestListCodecSharesTopologies(t *testing.T) {
+	const n = 300
+	devs := make([]*pluginapi.Device, n)
+	for i := range devs {
+		// The first 200 devices on 2 layouts, then 100 layouts of their own.
+		nodes := []*pluginapi.NUMANode{{ID: int64(i % 2)}}
+		if i >= 200 {
+			nodes = []*pluginapi.NUMANode{{ID: int64(i)}}
+		}
+		devs[i] = &pluginapi.Device{ID: fmt.Sprintf("dev-%03d", i), Health: pluginapi.Healthy,
+			Topology: &pluginapi.TopologyInfo{Nodes: nodes}}
+	}
+	want := &pluginapi.ListAndWatchResponse{Devices: devs}
+	raw, err := proto.Marshal(want)
+	require.NoError(t, err)
+	c := newListCodec()
+	got := &pluginapi.ListAndWatchResponse{}
+	require.NoError(t, c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(raw)}, got))
+	require.True(t, proto.Equal(want, got))
+	distinct := map[*pluginapi.TopologyInfo]bool{}
+	for _, d := range got.Devices {
+		distinct[d.Topology] = true
+	}
+	assert.Same(t, got.Devices[0].Topology, got.Devices[198].Topology)
+	assert.Same(t, got.Devices[1].Topology, got.Devices[199].Topology)
+	assert.Len(t, c.topologies, maxTopologies, "the cache is bounded")
+	assert.Len(t, distinct, 2+100, "one per layout, each of the last 100 its own")
 }
