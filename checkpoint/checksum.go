@@ -27,6 +27,18 @@ func fnvUpdate(h uint32, b []byte) uint32 {
 	return h
 }
 
+// fnvString continues h over s.
+func fnvString(h uint32, s string) uint32 {
+	for i := 0; i < len(s); i++ {
+		h ^= uint32(s[i])
+		h *= fnvPrime32
+	}
+	return h
+}
+
+// fnvByte continues h over c.
+func fnvByte(h uint32, c byte) uint32 { return (h ^ uint32(c)) * fnvPrime32 }
+
 // byteText holds the decimal text of every byte value, for AllocResp.
 var byteText = func() (t [256]string) {
 	for i := range t {

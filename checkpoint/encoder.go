@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"maps"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -156,6 +157,10 @@ func (c *Encoder) hashTail(h uint32, isNil bool, registered map[string][]string)
 	if c.tailTransfer != nil {
 		return c.tailTransfer.apply(h)
 	}
+	if c.tailSame <= tailTransferAfter {
+		// No transfer is being built: hash the text where it lies.
+		return hashTailText(h, isNil, registered)
+	}
 	if cap(c.tailBuf) == 0 {
 		c.tailBuf = make([]byte, 0, 64+sizeHint(registered))
 	}
@@ -177,6 +182,44 @@ func (c *Encoder) hashTail(h uint32, isNil bool, registered map[string][]string)
 		}
 	}
 	return fnvUpdate(h, tail)
+}
+
+// hashTailText continues h over the text appendTailText writes, reading the
+// names and IDs where they are instead of copying them out first.
+func hashTailText(h uint32, isNil bool, registered map[string][]string) uint32 {
+	if !isNil {
+		h = fnvByte(h, ']')
+	}
+	h = fnvString(h, docRegistered)
+	if registered == nil {
+		return fnvByte(fnvString(h, spewNil), '}')
+	}
+	keys := make([]string, 0, len(registered))
+	for k := range registered {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	h = fnvString(h, "map[")
+	for i, k := range keys {
+		if i > 0 {
+			h = fnvByte(h, ' ')
+		}
+		h = fnvByte(fnvString(h, k), ':')
+		ids := registered[k]
+		if ids == nil {
+			h = fnvString(h, spewNil)
+			continue
+		}
+		h = fnvByte(h, '[')
+		for j, id := range ids {
+			if j > 0 {
+				h = fnvByte(h, ' ')
+			}
+			h = fnvString(h, id)
+		}
+		h = fnvByte(h, ']')
+	}
+	return fnvByte(fnvByte(h, ']'), '}')
 }
 
 // appendTailText appends the hashed text after the entries.

@@ -146,3 +146,23 @@ func BenchmarkEncoderGrowRandom(b *testing.B) {
 		})
 	}
 }
+
+// hashTailText hashes exactly the text appendTailText writes: nil and empty
+// maps and ID lists, several resources, with and without entries before.
+func TestHashTailTextMatchesText(t *testing.T) {
+	g := newGen(11, 12)
+	cases := []map[string][]string{nil, {}, {"r": nil}, {"r": {}}, {"b": {"x", "y"}, "a": nil, "c": {"z"}}}
+	for range 200 {
+		cases = append(cases, g.registered())
+	}
+	for i, reg := range cases {
+		for _, isNil := range []bool{false, true} {
+			for _, h := range []uint32{fnvOffset32, 0, 0xdeadbeef} {
+				want := fnvUpdate(h, appendTailText(nil, isNil, reg))
+				if got := hashTailText(h, isNil, reg); got != want {
+					t.Fatalf("case %d (%v, nil entries %v, h %x): %x, want %x", i, reg, isNil, h, got, want)
+				}
+			}
+		}
+	}
+}
