@@ -33,8 +33,9 @@
 // plugin re-registering on its socket replaces its old connection; the
 // checkpoint is written only when its content changes, always with the same
 // bytes for the same state, and a corrupt one is moved aside; Updates never
-// drops a pod UID; registration endpoints must be bare file names. DESIGN.md
-// lists them all.
+// drops a pod UID; registration endpoints must be bare file names; a device
+// list handed to PluginListAndWatchReceiver for a resource no plugin serves is
+// ignored. DESIGN.md lists them all.
 //
 // # Concurrency
 //

@@ -5,8 +5,11 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 
+	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/klog/v2"
@@ -131,3 +134,77 @@ func TestPluginListAndWatchReceiverConcurrentWithStream(t *testing.T) {
 }
 
 func checkpointFile(dir string) string { return filepath.Join(dir, checkpoint.DeviceManagerKey) }
+
+// The manager keeps copies of the devices handed in: a caller that changes a
+// device it passed and passes it again gets the new health applied, and the
+// checkpoint, allocatable and the sorted lists keep agreeing.
+func TestPluginListAndWatchReceiverCopiesDevices(t *testing.T) {
+	h := newHarness(t).start()
+	h.registered(resRecv, devices("r", 4))
+	list := devices("r", 4)
+	list[0].Health = pluginapi.Unhealthy
+	h.m.PluginListAndWatchReceiver(h.opts.Logger, resRecv, &pluginapi.ListAndWatchResponse{Devices: list})
+	_, a := h.capacity(resRecv)
+	require.Equal(t, int64(3), a)
+
+	list[0].Health = pluginapi.Healthy // the same object, changed, sent again
+	h.m.PluginListAndWatchReceiver(h.opts.Logger, resRecv, &pluginapi.ListAndWatchResponse{Devices: list})
+	_, a = h.capacity(resRecv)
+	assert.Equal(t, int64(4), a, "the changed device is healthy again")
+
+	list[1].Health = pluginapi.Unhealthy // changed and not sent: nothing moves
+	_, a = h.capacity(resRecv)
+	assert.Equal(t, int64(4), a)
+	fresh := devices("r", 4)
+	fresh[2].Health = pluginapi.Unhealthy
+	h.m.PluginListAndWatchReceiver(h.opts.Logger, resRecv, &pluginapi.ListAndWatchResponse{Devices: fresh})
+	_, a = h.capacity(resRecv)
+	_, registered := readCheckpointFile(t, h.dir)
+	assert.Equal(t, []string{"r0", "r1", "r3"}, registered[resRecv])
+	assert.Equal(t, int64(3), a)
+	assert.ElementsMatch(t, registered[resRecv], sortedKeys(h.m.GetAllocatableDevices()[resRecv]))
+}
+
+// Stop waits for receiver calls in progress, so the checkpoint is never
+// written after Stop returns; calls after Stop are ignored.
+func TestPluginListAndWatchReceiverNoWriteAfterStop(t *testing.T) {
+	for round := range 20 {
+		h := newHarness(t, quiet).start()
+		h.registered(resRecv, devices("r", 200))
+		var calls atomic.Int64
+		done := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				l := devices("r", 200)
+				for _, d := range l[:100*(i%2)] {
+					d.Health = pluginapi.Unhealthy
+				}
+				h.m.PluginListAndWatchReceiver(logr.Discard(), resRecv, &pluginapi.ListAndWatchResponse{Devices: l})
+				calls.Add(1)
+			}
+		})
+		h.eventually(func() bool { return calls.Load() >= 3 }, "receiver calls")
+		require.NoError(t, h.m.Stop())
+		after := stampFile(t, checkpointFile(h.dir))
+		close(done)
+		wg.Wait()
+		h.m.PluginListAndWatchReceiver(logr.Discard(), resRecv, &pluginapi.ListAndWatchResponse{Devices: devices("r", 1)})
+		require.Equal(t, after, stampFile(t, checkpointFile(h.dir)), "round %d: checkpoint written after Stop returned", round)
+	}
+}
+
+// stampFile identifies the file at path: inode, size and modification time.
+func stampFile(t *testing.T, path string) string {
+	t.Helper()
+	fi, err := os.Stat(path)
+	require.NoError(t, err)
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	require.True(t, ok)
+	return fmt.Sprint(st.Ino, fi.Size(), fi.ModTime().UnixNano())
+}

@@ -172,16 +172,30 @@ func (m *ManagerImpl) follow(resource string, ep *endpoint.Endpoint) {
 // checkpoint is written if its content changed. The plugin's own stream keeps
 // applying its messages; the latest message wins, as in the kubelet.
 //
+// The manager keeps copies of the devices it stores, so the caller may reuse
+// and change its Device values (and send them again) as it likes.
+//
 // Unlike the kubelet, a list for a resource with no connected plugin instance
 // (never registered, or its last plugin gone) is ignored, and so is a nil
-// response: devices nobody serves cannot become healthy. logger receives the
-// message saying so.
+// response: devices nobody serves cannot become healthy. So is a list before
+// Start or after Stop; Stop waits for calls in progress, so no checkpoint is
+// written after it returns. logger receives the message saying a list was
+// ignored; the rest is logged as for the stream, to Options.Logger.
 func (m *ManagerImpl) PluginListAndWatchReceiver(logger klog.Logger, resourceName string, resp *pluginapi.ListAndWatchResponse) {
 	if resp == nil {
 		logger.Error(nil, "Ignoring a nil ListAndWatch response", keyResource, resourceName)
 		return
 	}
 	m.mu.Lock()
+	if m.state != started {
+		m.mu.Unlock()
+		logger.Info("Ignoring a device list: the device manager is not running", keyResource, resourceName)
+		return
+	}
+	// Stop waits for this call as for a stream's, so that no checkpoint is
+	// written after Stop returns.
+	m.wg.Add(1)
+	defer m.wg.Done()
 	var ep *endpoint.Endpoint
 	if r := m.resources[resourceName]; r != nil && len(r.instances) > 0 {
 		ep = r.primary
@@ -192,22 +206,35 @@ func (m *ManagerImpl) PluginListAndWatchReceiver(logger klog.Logger, resourceNam
 			keyCount, len(resp.GetDevices()))
 		return
 	}
-	// Should the instance disconnect in between, onDevices drops the list,
-	// as it drops a late message from that instance's stream.
-	m.onDevices(resourceName, ep, resp.GetDevices())
+	// Should the instance disconnect in between, applyDevices drops the
+	// list, as it drops a late message from that instance's stream. The
+	// caller keeps resp's devices: the manager stores copies.
+	m.applyDevices(resourceName, ep, resp.GetDevices(), true)
 }
 
 // onDevices applies one ListAndWatch message: the device list of the resource
 // becomes exactly the message's. Owners of devices whose health changed are
 // notified, and the checkpoint is written if its content changed.
 func (m *ManagerImpl) onDevices(resource string, ep *endpoint.Endpoint, devs []*pluginapi.Device) {
+	m.applyDevices(resource, ep, devs, false)
+}
+
+// applyDevices is onDevices; borrowed says the devices belong to the caller
+// (PluginListAndWatchReceiver), not to the instance's decoder.
+func (m *ManagerImpl) applyDevices(resource string, ep *endpoint.Endpoint, devs []*pluginapi.Device, borrowed bool) {
 	m.mu.Lock()
 	r := m.resources[resource]
 	if r == nil || !r.current(ep) {
 		m.mu.Unlock()
 		return // a replaced or disconnected instance
 	}
-	changed, healthyChanged := r.setDevices(devs)
+	var changed []string
+	var healthyChanged bool
+	if borrowed {
+		changed, healthyChanged = r.setBorrowedDevices(devs)
+	} else {
+		changed, healthyChanged = r.setDevices(devs)
+	}
 	healthy := r.healthy.Len()
 	// The owners of changed devices, in device ID order; only the few
 	// devices that have owners are sorted, not a whole new list.

@@ -188,8 +188,26 @@ func (r *resourceState) adoptOrder(list []*pluginapi.Device, order []int32, ids 
 // particular order, and whether the healthy set changed. It costs one pass over the list; the
 // IDs are sorted again only when their set changed.
 func (r *resourceState) setDevices(devs []*pluginapi.Device) (changed []string, healthyChanged bool) {
-	if changed, healthyChanged, ok := r.updateInPlace(devs); ok {
+	return r.applyList(devs, false)
+}
+
+// setBorrowedDevices is setDevices for a list whose devices the caller keeps
+// and may change later: the devices it stores are copies, so that what the
+// resource holds never changes behind its back.
+func (r *resourceState) setBorrowedDevices(devs []*pluginapi.Device) (changed []string, healthyChanged bool) {
+	return r.applyList(devs, true)
+}
+
+func (r *resourceState) applyList(devs []*pluginapi.Device, borrowed bool) (changed []string, healthyChanged bool) {
+	if changed, healthyChanged, ok := r.updateInPlace(devs, borrowed); ok {
 		return changed, healthyChanged
+	}
+	if borrowed {
+		owned := make([]*pluginapi.Device, len(devs))
+		for i, d := range devs {
+			owned[i] = cloneDevice(d)
+		}
+		devs = owned
 	}
 	old := r.devices
 	devices := make(map[string]*pluginapi.Device, len(devs))
@@ -247,7 +265,7 @@ func (r *resourceState) setDevices(devs []*pluginapi.Device) (changed []string, 
 // replaced, and only those whose health differs move between the healthy
 // and unhealthy sets and are returned in changed. ok is false, and nothing
 // is touched, when the list differs in any other way.
-func (r *resourceState) updateInPlace(devs []*pluginapi.Device) (changed []string, healthyChanged bool, ok bool) {
+func (r *resourceState) updateInPlace(devs []*pluginapi.Device, borrowed bool) (changed []string, healthyChanged bool, ok bool) {
 	if r.lastList == nil || !r.listed || len(devs) != len(r.lastList) {
 		return nil, false, false
 	}
@@ -265,6 +283,9 @@ func (r *resourceState) updateInPlace(devs []*pluginapi.Device) (changed []strin
 	topologyChanged := false
 	for _, i := range diff {
 		d, prev := devs[i], r.lastList[i]
+		if borrowed {
+			d = cloneDevice(d)
+		}
 		r.lastList[i] = d
 		r.devices[d.ID] = d
 		if d.Health == prev.Health {
@@ -291,6 +312,26 @@ func (r *resourceState) updateInPlace(devs []*pluginapi.Device) (changed []strin
 	}
 	r.registered = true
 	return changed, healthyChanged, true
+}
+
+// cloneDevice copies the fields of d the manager reads (nil stays nil).
+func cloneDevice(d *pluginapi.Device) *pluginapi.Device {
+	if d == nil {
+		return nil
+	}
+	c := &pluginapi.Device{ID: d.ID, Health: d.Health}
+	if t := d.Topology; t != nil {
+		c.Topology = &pluginapi.TopologyInfo{}
+		if t.Nodes != nil {
+			c.Topology.Nodes = make([]*pluginapi.NUMANode, len(t.Nodes))
+			for i, n := range t.Nodes {
+				if n != nil {
+					c.Topology.Nodes[i] = &pluginapi.NUMANode{ID: n.ID}
+				}
+			}
+		}
+	}
+	return c
 }
 
 // sameTopology reports whether a and b list the same NUMA nodes in the same

@@ -81,7 +81,8 @@ func TestUpdateInPlaceMatchesRebuild(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 9))
 	inPlace := 0
 	for seq := 0; seq < 200; seq++ {
-		fast, slow := newResource("r"), newResource("r")
+		// lent gets the same lists as fast, as a caller's (copied in).
+		fast, slow, lent := newResource("r"), newResource("r"), newResource("r")
 		var list []*pluginapi.Device
 		for i := range 1 + rng.IntN(12) {
 			list = append(list, randomDevice(rng, fmt.Sprintf("dev-%02d", i)))
@@ -118,6 +119,7 @@ func TestUpdateInPlaceMatchesRebuild(t *testing.T) {
 			case 5:
 				fast.markUnhealthy()
 				slow.markUnhealthy()
+				lent.markUnhealthy()
 			}
 			list = next
 			if fast.lastList != nil && slices.EqualFunc(sent, fast.lastList, func(a, b *pluginapi.Device) bool {
@@ -133,6 +135,14 @@ func TestUpdateInPlaceMatchesRebuild(t *testing.T) {
 			require.Equal(t, wantChanged, gotChanged, "seq %d step %d: changed", seq, step)
 			require.Equal(t, wantHealthy, gotHealthy, "seq %d step %d: healthy set changed", seq, step)
 			require.Equal(t, stateOf(t, slow), stateOf(t, fast), "seq %d step %d", seq, step)
+			lentChanged, lentHealthy := lent.setBorrowedDevices(sent)
+			slices.Sort(lentChanged)
+			require.Equal(t, wantChanged, lentChanged, "seq %d step %d: changed (lent)", seq, step)
+			require.Equal(t, wantHealthy, lentHealthy, "seq %d step %d: healthy set changed (lent)", seq, step)
+			require.Equal(t, stateOf(t, slow), stateOf(t, lent), "seq %d step %d (lent)", seq, step)
+			for id, d := range lent.devices {
+				require.False(t, slices.Contains(sent, d), "seq %d step %d: %s is the caller's object", seq, step, id)
+			}
 		}
 	}
 	t.Logf("%d of 6000 updates applied in place", inPlace)
