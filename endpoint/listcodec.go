@@ -46,16 +46,20 @@ type listCodec struct {
 // encoded with the same bytes: a node has a handful of NUMA layouts and
 // thousands of devices, so a list costs a map lookup per device instead of
 // three allocations. The values are shared like the devices themselves and
-// must not be modified. It keeps at most maxTopologies encodings; past that,
-// topologies are decoded per device.
+// must not be modified. It keeps at most maxTopologies encodings of at most
+// maxTopologyBytes each (a NUMA node takes 2 to 4 bytes), a few kilobytes
+// in all; any other topology is decoded per device.
 type topologyCache map[string]*pluginapi.TopologyInfo
 
-const maxTopologies = 64
+const (
+	maxTopologies    = 64
+	maxTopologyBytes = 64
+)
 
 // decode returns the topology encoded in b (see decodeTopology), shared when
 // the same bytes were seen before. A nil cache shares nothing.
 func (c *topologyCache) decode(b []byte) (*pluginapi.TopologyInfo, bool) {
-	if c == nil {
+	if c == nil || len(b) > maxTopologyBytes {
 		return decodeTopology(b)
 	}
 	if t, ok := (*c)[string(b)]; ok {

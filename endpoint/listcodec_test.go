@@ -347,4 +347,19 @@ func TestListCodecSharesTopologies(t *testing.T) {
 	assert.Same(t, got.Devices[1].Topology, got.Devices[199].Topology)
 	assert.Len(t, c.topologies, maxTopologies, "the cache is bounded")
 	assert.Len(t, distinct, 2+100, "one per layout, each of the last 100 its own")
+
+	// A topology of many nodes is decoded, never kept.
+	big := &pluginapi.TopologyInfo{}
+	for i := range 100 {
+		big.Nodes = append(big.Nodes, &pluginapi.NUMANode{ID: int64(i)})
+	}
+	want = &pluginapi.ListAndWatchResponse{Devices: []*pluginapi.Device{{ID: "a", Topology: big}, {ID: "b", Topology: big}}}
+	raw, err = proto.Marshal(want)
+	require.NoError(t, err)
+	c = newListCodec()
+	got = &pluginapi.ListAndWatchResponse{}
+	require.NoError(t, c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(raw)}, got))
+	require.True(t, proto.Equal(want, got))
+	assert.Empty(t, c.topologies, "an encoding over maxTopologyBytes is not cached")
+	assert.NotSame(t, got.Devices[0].Topology, got.Devices[1].Topology)
 }
