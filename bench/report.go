@@ -279,7 +279,7 @@ func (r *report) method() {
 	r.p("- Both sides are driven through the same calls an embedding kubelet makes (NewManagerImpl, Start, Allocate, GetCapacity, GetDevices, GetTopologyHints, Stop), against the same real gRPC plugin (`plugintest`) over unix sockets, in the same process. Both get a machine of 2 NUMA nodes and a topology store with no affinity (the \"none\" policy); pod sources are ready; logging is discarded.\n")
 	r.p("- The kubelet's manager hard-codes /var/lib/kubelet/device-plugins: its runs execute in a private mount namespace where that path is a bind mount of the run's directory, next to devmgr's on the same disk (%s, %s). The host's /var/lib/kubelet is never touched.\n", r.machine.FSType, r.machine.Workdir)
 	r.p("- Device IDs are 40-byte GPU-style UUIDs, each with one NUMA node (alternating 0, 1); pods have one container asking for one device.\n")
-	r.p("- *Visible*: from the plugin's `Update` (or `Register`) until `GetCapacity`, polled in a tight loop (yielding between polls), shows the new allocatable. *Durable*: until the checkpoint file has been replaced (the rename; devmgr's directory fsync after it is not included). Both implementations update their state before writing the checkpoint. This end-to-end time includes the plugin's send and the gRPC transfer, which both sides share; the floor below (W3's message alone, to a bare gRPC client) is that part. So W3 also hands each message to `PluginListAndWatchReceiver`, the method the kubelet's plugin client calls for every message it receives, which both modules export: timed until the call returns, by when both implementations have applied the list and written the checkpoint (the run checks both), with no plugin send and no gRPC. Each message is built afresh outside the timed call, as a client decodes each one. The W3 targets are judged on these rows, as the issue's figures for the kubelet (8 ms with 0 pods, 210 ms with 1,000) are of that call. After every write seen on disk a run pauses 100 ms before its next timed step, so that no step pays for the tail of the previous write.\n")
+	r.p("- *Visible*: from the plugin's `Update` (or `Register`) until `GetCapacity`, polled in a tight loop (yielding between polls), shows the new allocatable. *Durable*: until the checkpoint file has been replaced (the rename; devmgr's directory fsync after it is not included). Both implementations update their state before writing the checkpoint. This end-to-end time includes the plugin's send and the gRPC transfer, which both sides share; the floor below (W3's message alone, to a bare gRPC client) is that part. So W3 also hands each message to `PluginListAndWatchReceiver`, the method the kubelet's plugin client calls for every message it receives, which both modules export: timed until the call returns, by when both implementations have applied the list and written the checkpoint (the run checks both; devmgr's call also includes its fsync of the directory, which the kubelet does not do), with no plugin send and no gRPC. Each message is built afresh outside the timed call, as a client that decodes every message whole (the kubelet's) hands it over; devmgr's own client passes unchanged devices as the values it already holds, so this is the harder case for devmgr. The W3 targets are shown for both ways. After every write seen on disk a run pauses 100 ms before its next timed step, so that no step pays for the tail of the previous write.\n")
 	r.p("- W1: register a plugin with N devices, then one update making 10%% of them unhealthy. W2: 1,000 pods admitted one after the other on 1,000 devices. W3: 10 updates per run, alternately flipping 10%% of 10,000 devices to unhealthy and back (with 1,000 pods: exactly the devices they hold); median per run. W4: a process admits 1,000 pods and stops; then each run, in a fresh process, times NewManagerImpl+Start+GetCapacity on that checkpoint. W5: 500 pods each of two resources (500 devices each); throughput of admitting all 1,000. W6: 200 calls, median per call, for a container asking for one of 10,000 devices.\n")
 	if r.floorLen > 0 {
 		r.p("- The floor: one durable write (temp file, write, fsync, rename, fsync of the directory) of %s, the size of devmgr's checkpoint after W4's 1,000 admissions, on the same disk; 30 writes per run, median. The same on files of the checkpoint's size after 50 and after 950 of W2's admissions (the middle of its first and of its last 100), so that W2's growth can be set against the disk's own. And W2's own sequence of writes with no manager: 1,000 durable writes of a file growing in equal steps to the final checkpoint's size, 0.5 ms apart, through a new file and over a spare alternately (each on a file of its own); the means of the first and last 100 of each. A file rewritten at one size costs less than one that grew write by write to that size, so it is the last row, not the fixed-size ones, that W2's growth is set against.\n", formatBytes(float64(r.floorLen)))
@@ -411,22 +411,21 @@ func (r *report) targets() {
 	}
 	vs = append(vs, v)
 
-	// W3 is judged on the manager's own work: the message handed to
-	// PluginListAndWatchReceiver. The end-to-end figure, which both sides
-	// share the plugin's send and the transfer in, is shown beside it.
+	// W3 end to end, as the plugin's message reaches each manager over
+	// gRPC, and the managers' own work, the message handed to
+	// PluginListAndWatchReceiver: both against the same limits.
 	for _, w3 := range []struct {
 		pods  string
 		limit float64
 	}{{"0", 0.1}, {"1000", 0.05}} {
 		label := map[string]string{"0": "0 pods", "1000": "1,000 pods"}[w3.pods]
-		ratioTarget("W3 update, "+label+", through PluginListAndWatchReceiver", "W3direct/pods="+w3.pods, "call_ns", w3.limit)
-		if med, lo, hi, ok := r.ratio("W3/pods="+w3.pods, "visible_ns"); ok {
-			vs[len(vs)-1].measured += fmt.Sprintf("; end to end from the plugin's Update, through gRPC: %.3gx (per run %.3g–%.3g)", med, lo, hi)
-			if w := finite(r.values("W3wire", "wire", "visible_ns")); w.ok() {
-				vs[len(vs)-1].measured += ", of which the message alone takes " + formatNs(w.med())
-			}
+		ratioTarget("W3 update, "+label+" (visible)", "W3/pods="+w3.pods, "visible_ns", w3.limit)
+		if w := finite(r.values("W3wire", "wire", "visible_ns")); w.ok() && vs[len(vs)-1].pass != nil {
+			vs[len(vs)-1].measured += "; the message alone takes " + formatNs(w.med())
 		}
 	}
+	ratioTarget("W3 update, 0 pods, through PluginListAndWatchReceiver (until written)", "W3direct/pods=0", "call_ns", 0.1)
+	ratioTarget("W3 update, 1,000 pods, through PluginListAndWatchReceiver (until written)", "W3direct/pods=1000", "call_ns", 0.05)
 	ratioTarget("W4 start with a 1,000-pod checkpoint", "W4", "start_ns", 0.25)
 	ratioTarget("W6 GetTopologyHints per call", "W6", "call_ns", 0.05)
 	ratioTarget("W1 register 10,000 devices", "W1/n=10000", "register_ns", 0.5)
