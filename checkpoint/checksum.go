@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"maps"
 	"slices"
 	"strconv"
 )
@@ -116,11 +117,7 @@ func appendRegisteredText(b []byte, m map[string][]string) []byte {
 	if m == nil {
 		return append(b, spewNil...)
 	}
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
+	keys := slices.Sorted(maps.Keys(m))
 	b = append(b, "map["...)
 	for i, k := range keys {
 		if i > 0 {

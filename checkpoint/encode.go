@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"encoding/base64"
+	"maps"
 	"slices"
 	"strconv"
 	"unicode/utf8"
@@ -137,11 +138,7 @@ func appendRegistered(b []byte, m map[string][]string) []byte {
 	if m == nil {
 		return append(b, "null"...)
 	}
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
+	keys := slices.Sorted(maps.Keys(m))
 	b = append(b, '{')
 	for i, k := range keys {
 		if i > 0 {

@@ -194,11 +194,7 @@ func hashTailText(h uint32, isNil bool, registered map[string][]string) uint32 {
 	if registered == nil {
 		return fnvByte(fnvString(h, spewNil), '}')
 	}
-	keys := make([]string, 0, len(registered))
-	for k := range registered {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
+	keys := slices.Sorted(maps.Keys(registered))
 	h = fnvString(h, "map[")
 	for i, k := range keys {
 		if i > 0 {
