@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	regapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
@@ -404,13 +405,72 @@ func (s *socketFile) remove(logger klog.Logger) {
 	}
 }
 
+// cloneDevices deep-copies devices, nil entries included. Devices holding
+// nothing but the API's fields are copied field by field into a few blocks
+// (a list is kept and dropped whole); proto.Clone walks each message by
+// reflection and allocates each one. Any other device goes through
+// proto.CloneOf.
 func cloneDevices(devices []*pluginapi.Device) []*pluginapi.Device {
 	if devices == nil {
 		return nil
 	}
+	plain := func(d *pluginapi.Device) bool {
+		if d == nil || hasUnknown(d.ProtoReflect()) {
+			return false
+		}
+		if t := d.Topology; t != nil {
+			if hasUnknown(t.ProtoReflect()) {
+				return false
+			}
+			for _, n := range t.Nodes {
+				if n != nil && hasUnknown(n.ProtoReflect()) {
+					return false
+				}
+			}
+		}
+		return true
+	}
+	var nDevs, nTopos, nNodes int
+	for _, d := range devices {
+		if plain(d) {
+			nDevs++
+			if d.Topology != nil {
+				nTopos++
+				nNodes += len(d.Topology.Nodes)
+			}
+		}
+	}
+	devs := make([]pluginapi.Device, nDevs)
+	topos := make([]pluginapi.TopologyInfo, nTopos)
+	nodes := make([]pluginapi.NUMANode, nNodes)
+	nodePtrs := make([]*pluginapi.NUMANode, nNodes)
 	out := make([]*pluginapi.Device, len(devices))
 	for i, d := range devices {
-		out[i] = proto.CloneOf(d)
+		if !plain(d) {
+			out[i] = proto.CloneOf(d) // nil stays nil
+			continue
+		}
+		c := &devs[0]
+		devs = devs[1:]
+		c.ID, c.Health = d.ID, d.Health
+		if t := d.Topology; t != nil {
+			c.Topology = &topos[0]
+			topos = topos[1:]
+			if t.Nodes != nil {
+				c.Topology.Nodes = nodePtrs[:len(t.Nodes):len(t.Nodes)]
+				nodePtrs = nodePtrs[len(t.Nodes):]
+				for j, n := range t.Nodes {
+					if n != nil {
+						nodes[0].ID = n.ID
+						c.Topology.Nodes[j] = &nodes[0]
+						nodes = nodes[1:]
+					}
+				}
+			}
+		}
+		out[i] = c
 	}
 	return out
 }
+
+func hasUnknown(m protoreflect.Message) bool { return len(m.GetUnknown()) > 0 }
