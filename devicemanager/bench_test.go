@@ -129,6 +129,26 @@ func BenchmarkDeviceUpdate(b *testing.B) {
 	}
 }
 
+// BenchmarkDeviceListReplaced applies lists of 10,000 devices whose IDs all
+// differ from the previous list's (two such lists, alternately), with no
+// pod allocated: every device is new, as in a plugin's first list.
+func BenchmarkDeviceListReplaced(b *testing.B) {
+	h := newHarness(b, quiet).start()
+	a, c := numbered("a", 10000), numbered("c", 10000)
+	h.registered(res1, a)
+	h.m.mu.Lock()
+	ep := h.m.resources[res1].primary
+	h.m.mu.Unlock()
+	msgs := [][]*pluginapi.Device{c, a}
+	i := 0
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		h.m.onDevices(res1, ep, msgs[i%2])
+		i++
+	}
+}
+
 func drain(ch <-chan ResourceUpdate) {
 	for range ch { //nolint:revive // discard until Stop closes the channel
 	}
