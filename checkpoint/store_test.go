@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -144,9 +145,11 @@ type faultyFS struct {
 	osFileSystem
 	// failAt names the failing steps: "mkdir", "spare" (opening it),
 	// "create", "write", "truncate", "sync", "close", "lstat", "exchange",
-	// "rename", "syncdir", "remove".
+	// "rename", "syncdir", "remove", "read" (of a spare's content).
 	failAt []string
 	err    error
+	// writes records the offset of every WriteAt.
+	writes []int64
 }
 
 func (f *faultyFS) fail(step string) error {
@@ -225,7 +228,15 @@ type faultyFile struct {
 	fs *faultyFS
 }
 
+func (f *faultyFile) ReadAt(b []byte, off int64) (int, error) {
+	if err := f.fs.fail("read"); err != nil {
+		return 0, err
+	}
+	return f.tempFile.ReadAt(b, off)
+}
+
 func (f *faultyFile) WriteAt(b []byte, off int64) (int, error) {
+	f.fs.writes = append(f.fs.writes, off)
 	if err := f.fs.fail("write"); err != nil {
 		n, _ := f.tempFile.WriteAt(b[:len(b)/2], off)
 		return n, err
@@ -679,4 +690,62 @@ func TestFirstSpareWriteSyncsTheDirectoryFirst(t *testing.T) {
 	assert.Equal(t, 2, c.syncs, "first write over the spare")
 	require.NoError(t, restarted.CreateCheckpoint(DeviceManagerKey, New(sampleEntries(), sampleRegistered())))
 	assert.Equal(t, 3, c.syncs, "second write")
+}
+
+// rawDoc is a checkpoint that marshals to fixed bytes.
+type rawDoc []byte
+
+func (d rawDoc) MarshalCheckpoint() ([]byte, error) { return d, nil }
+func (rawDoc) UnmarshalCheckpoint([]byte) error     { return errors.New("not read") }
+func (rawDoc) VerifyChecksum() error                { return nil }
+
+// A write over a spare starts at the first byte the spare does not hold
+// already, and leaves exactly the new content whatever the spare held:
+// longer, shorter, equal for a while across several read chunks, wholly
+// different, or unreadable.
+func TestSpareIsWrittenFromTheFirstDifference(t *testing.T) {
+	chunk := 64 << 10
+	blob := make([]byte, 3*chunk+123)
+	for i := range blob {
+		blob[i] = "abcdefghijklmnopqrstuvwxyz"[i*7%26]
+	}
+	changedAt := func(b []byte, i int) []byte {
+		c := slices.Clone(b)
+		c[i] ^= 1
+		return c
+	}
+	cases := []struct {
+		name    string
+		spare   []byte
+		failAt  []string
+		wantOff int64
+	}{
+		{"differs-early", changedAt(blob, 10), nil, 10},
+		{"differs-in-third-chunk", changedAt(blob, 2*chunk+5), nil, int64(2*chunk + 5)},
+		{"differs-at-last-byte", changedAt(blob, len(blob)-1), nil, int64(len(blob) - 1)},
+		{"longer", append(slices.Clone(blob), "tail of an older, longer checkpoint"...), nil, int64(len(blob))},
+		{"shorter-prefix", slices.Clone(blob[:chunk+7]), nil, int64(chunk + 7)},
+		{"empty", nil, nil, 0},
+		{"different", []byte("{}"), nil, 0},
+		{"same", slices.Clone(blob), nil, int64(len(blob))},
+		{"unreadable", slices.Clone(blob), []string{"read"}, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s, dir := newTestStore(t)
+			ck, spare := filepath.Join(dir, DeviceManagerKey), filepath.Join(dir, SpareName(DeviceManagerKey))
+			require.NoError(t, os.WriteFile(ck, []byte("the current checkpoint"), 0o600))
+			require.NoError(t, os.WriteFile(spare, tc.spare, 0o600))
+			ffs := &faultyFS{failAt: tc.failAt, err: errors.New("injected")}
+			s.fs = ffs
+			require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, rawDoc(blob)))
+			assert.Equal(t, []int64{tc.wantOff}, ffs.writes, "one write, from the first difference")
+			got, err := os.ReadFile(ck)
+			require.NoError(t, err)
+			assert.True(t, bytes.Equal(blob, got), "the checkpoint holds exactly the new content")
+			old, err := os.ReadFile(spare)
+			require.NoError(t, err)
+			assert.Equal(t, "the current checkpoint", string(old), "exchanged with the previous checkpoint")
+		})
+	}
 }
