@@ -166,20 +166,18 @@ func (c *Encoder) hashTail(h uint32, isNil bool, registered map[string][]string)
 	}
 	tail := appendTailText(c.tailBuf[:0], isNil, registered)
 	c.tailBuf = tail
-	if c.tailSame > tailTransferAfter {
-		// Each document builds a slice of about 1/32 of the tail (at least
-		// the budget), so that no single admission pays for all of it.
-		n := max(transferBudget, len(tail)/32)
-		end := min(c.tailDone+n, len(tail))
-		if c.tailPart == nil {
-			c.tailPart = identityTransfer()
-		}
-		c.tailPart = c.tailPart.then(newFNVTransfer(tail[c.tailDone:end]))
-		c.tailDone = end
-		if end == len(tail) {
-			c.tailTransfer, c.tailPart, c.tailBuf = c.tailPart, nil, nil
-			return c.tailTransfer.apply(h)
-		}
+	// Each document builds a slice of about 1/32 of the tail (at least the
+	// budget), so that no single admission pays for all of it.
+	n := max(transferBudget, len(tail)/32)
+	end := min(c.tailDone+n, len(tail))
+	if c.tailPart == nil {
+		c.tailPart = identityTransfer()
+	}
+	c.tailPart = c.tailPart.then(newFNVTransfer(tail[c.tailDone:end]))
+	c.tailDone = end
+	if end == len(tail) {
+		c.tailTransfer, c.tailPart, c.tailBuf = c.tailPart, nil, nil
+		return c.tailTransfer.apply(h)
 	}
 	return fnvUpdate(h, tail)
 }
