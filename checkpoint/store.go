@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -46,6 +47,9 @@ type fileStore struct {
 	dirSynced bool
 	// readBuf holds a chunk of the spare, read to compare (samePrefix).
 	readBuf []byte
+	// written are the files of the last two successful writes, newest
+	// first, as they were left (see trusted).
+	written [2]fileID
 }
 
 // NewManager returns a Manager that keeps checkpoints as files in dir. It touches
@@ -62,8 +66,9 @@ type fileStore struct {
 // previous content becomes the spare and the next write overwrites blocks
 // the file system has already allocated. On a kubelet's disk that halves the
 // cost of a durable write of a large checkpoint, and it lets writes go on
-// while the disk is full as long as the content does not outgrow them. The
-// spare is never read. It is written only when it is a plain regular file
+// while the disk is full as long as the content does not outgrow them. A
+// spare this store wrote and synced itself is written from the first byte
+// that differs from it (see samePrefix). It is written only when it is a plain regular file
 // of mode 0600 with one link that no other descriptor has open (so a reader
 // that opened the checkpoint before it became the spare never sees it
 // rewritten, and two stores never write it at once); otherwise it is left
@@ -160,9 +165,18 @@ func (s *fileStore) writeLocked(key string, blob []byte) (err error) {
 	// holds an older checkpoint: it is overwritten from the first byte that
 	// differs and cut to the new length.
 	off := 0
-	if spare {
+	if spare && s.trusted(f) {
 		off = s.samePrefix(f, blob)
 	}
+	// Whatever happens to this write, the file written to is no longer one
+	// this store knows the bytes of until the write has succeeded.
+	s.forget(f)
+	var id fileID
+	defer func() {
+		if err == nil && id.ok {
+			s.remember(id)
+		}
+	}()
 	if _, err := f.WriteAt(blob[off:], int64(off)); err != nil {
 		return errors.Join(fmt.Errorf("write checkpoint: %w", err), f.Close())
 	}
@@ -174,6 +188,7 @@ func (s *fileStore) writeLocked(key string, blob []byte) (err error) {
 	if err := f.Sync(); err != nil {
 		return errors.Join(fmt.Errorf("write checkpoint: %w", err), f.Close())
 	}
+	id = identify(f)
 	// A spare changes places with a regular checkpoint file, and becomes the
 	// spare of the next write; anything else is replaced by a rename (which
 	// fails on a directory, as the kubelet's store does). The spare stays
@@ -203,13 +218,18 @@ func (s *fileStore) writeLocked(key string, blob []byte) (err error) {
 }
 
 // samePrefix returns how many leading bytes of blob the file f holds
-// already, reading f a chunk at a time up to the first difference. Entries
-// are sorted, so a new checkpoint usually begins with the spare's first
-// entries; leaving them unwritten leaves their pages clean, which the sync
-// does not have to write (W2's last writes cost ~15% less). The bytes are
-// read from the file itself, never remembered, so whatever f held, it holds
-// exactly blob after the write; and the sync that follows makes every dirty
-// page of f durable, whoever dirtied it. A read error means no prefix.
+// already, reading f a chunk at a time up to the first difference (0 on a
+// read error). Entries are sorted, so a new checkpoint usually begins with
+// the spare's first entries; leaving them unwritten leaves their pages
+// clean, which the sync does not have to write (W2's last writes cost ~15%
+// less).
+//
+// The bytes compared are the page cache's, and a clean page is on disk
+// unless writing it back failed: the kernel then marks it clean anyway and
+// reports the error to one sync only. So the caller trusts only a spare
+// this store wrote and synced without error itself (see trusted): its
+// bytes reached the disk. Whatever f holds, it holds exactly blob after the
+// write.
 func (s *fileStore) samePrefix(f tempFile, blob []byte) int {
 	if s.readBuf == nil {
 		s.readBuf = make([]byte, 64<<10)
@@ -217,7 +237,10 @@ func (s *fileStore) samePrefix(f tempFile, blob []byte) int {
 	off := 0
 	for off < len(blob) {
 		want := blob[off:min(off+len(s.readBuf), len(blob))]
-		n, _ := f.ReadAt(s.readBuf[:len(want)], int64(off))
+		n, err := f.ReadAt(s.readBuf[:len(want)], int64(off))
+		if err != nil && !errors.Is(err, io.EOF) {
+			return 0
+		}
 		got := s.readBuf[:n]
 		if n < len(want) || !bytes.Equal(got, want) {
 			for i := range got {
@@ -231,6 +254,44 @@ func (s *fileStore) samePrefix(f tempFile, blob []byte) int {
 	}
 	return off
 }
+
+// fileID identifies a file as this store left it: the same inode, with the
+// size and modification time it had after the store's write. An exchange
+// changes neither.
+type fileID struct {
+	dev, ino    uint64
+	size, mtime int64
+	ok          bool
+}
+
+func identify(f tempFile) fileID {
+	info, err := f.Stat()
+	if err != nil {
+		return fileID{}
+	}
+	return identity(info)
+}
+
+// trusted reports whether f is one of the last two files this store wrote
+// and synced successfully (the spare holds the checkpoint of two writes
+// before), unchanged since.
+func (s *fileStore) trusted(f tempFile) bool {
+	id := identify(f)
+	return id.ok && (id == s.written[0] || id == s.written[1])
+}
+
+// forget drops what the store knew of f's file, which is about to be
+// written.
+func (s *fileStore) forget(f tempFile) {
+	id := identify(f)
+	for i := range s.written {
+		if s.written[i].ok && s.written[i].dev == id.dev && s.written[i].ino == id.ino {
+			s.written[i] = fileID{}
+		}
+	}
+}
+
+func (s *fileStore) remember(id fileID) { s.written[0], s.written[1] = id, s.written[0] }
 
 func (s *fileStore) GetCheckpoint(key string, cp Checkpoint) error {
 	if err := ValidateKey(key); err != nil {
@@ -315,6 +376,7 @@ type fileSystem interface {
 
 type tempFile interface {
 	Name() string
+	Stat() (fs.FileInfo, error)
 	ReadAt(b []byte, off int64) (int, error)
 	WriteAt(b []byte, off int64) (int, error)
 	Truncate(size int64) error

@@ -99,3 +99,12 @@ func datasync(f *os.File) error {
 		return nil
 	}
 }
+
+// identity is the fileID of a file whose info came from Stat.
+func identity(info fs.FileInfo) fileID {
+	st, ok := info.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fileID{}
+	}
+	return fileID{dev: uint64(st.Dev), ino: st.Ino, size: st.Size, mtime: st.Mtim.Nano(), ok: true} //nolint:unconvert // Dev is not uint64 everywhere
+}

@@ -4,6 +4,7 @@ package checkpoint
 
 import (
 	"errors"
+	"io/fs"
 	"os"
 )
 
@@ -20,3 +21,6 @@ func exchange(a, b string) error {
 }
 
 func datasync(f *os.File) error { return f.Sync() }
+
+// identity knows no file: without a spare there is nothing to trust.
+func identity(fs.FileInfo) fileID { return fileID{} }

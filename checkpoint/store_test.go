@@ -699,10 +699,10 @@ func (d rawDoc) MarshalCheckpoint() ([]byte, error) { return d, nil }
 func (rawDoc) UnmarshalCheckpoint([]byte) error     { return errors.New("not read") }
 func (rawDoc) VerifyChecksum() error                { return nil }
 
-// A write over a spare starts at the first byte the spare does not hold
-// already, and leaves exactly the new content whatever the spare held:
-// longer, shorter, equal for a while across several read chunks, wholly
-// different, or unreadable.
+// A write over a spare the store wrote itself starts at the first byte the
+// spare does not hold already, and leaves exactly the new content whatever
+// the spare held: longer, shorter, equal for a while across several read
+// chunks, wholly different, or unreadable.
 func TestSpareIsWrittenFromTheFirstDifference(t *testing.T) {
 	chunk := 64 << 10
 	blob := make([]byte, 3*chunk+123)
@@ -725,7 +725,7 @@ func TestSpareIsWrittenFromTheFirstDifference(t *testing.T) {
 		{"differs-at-last-byte", changedAt(blob, len(blob)-1), nil, int64(len(blob) - 1)},
 		{"longer", append(slices.Clone(blob), "tail of an older, longer checkpoint"...), nil, int64(len(blob))},
 		{"shorter-prefix", slices.Clone(blob[:chunk+7]), nil, int64(chunk + 7)},
-		{"empty", nil, nil, 0},
+		{"empty", []byte{}, nil, 0},
 		{"different", []byte("{}"), nil, 0},
 		{"same", slices.Clone(blob), nil, int64(len(blob))},
 		{"unreadable", slices.Clone(blob), []string{"read"}, 0},
@@ -734,8 +734,9 @@ func TestSpareIsWrittenFromTheFirstDifference(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s, dir := newTestStore(t)
 			ck, spare := filepath.Join(dir, DeviceManagerKey), filepath.Join(dir, SpareName(DeviceManagerKey))
-			require.NoError(t, os.WriteFile(ck, []byte("the current checkpoint"), 0o600))
-			require.NoError(t, os.WriteFile(spare, tc.spare, 0o600))
+			// The store writes what becomes the spare, then the checkpoint.
+			require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, rawDoc(tc.spare)))
+			require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, rawDoc("the current checkpoint")))
 			ffs := &faultyFS{failAt: tc.failAt, err: errors.New("injected")}
 			s.fs = ffs
 			require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, rawDoc(blob)))
@@ -746,6 +747,64 @@ func TestSpareIsWrittenFromTheFirstDifference(t *testing.T) {
 			old, err := os.ReadFile(spare)
 			require.NoError(t, err)
 			assert.Equal(t, "the current checkpoint", string(old), "exchanged with the previous checkpoint")
+		})
+	}
+}
+
+// A spare the store did not write and sync itself is written whole, even
+// where it holds the new content's first bytes: one put there by hand, one
+// changed since the store wrote it, one left by a write whose sync failed
+// (its bytes may be in memory only: the kernel marks a page clean even when
+// writing it back failed), and any spare in a new store.
+func TestUntrustedSpareIsWrittenWhole(t *testing.T) {
+	blob := []byte(strings.Repeat("a", 10000) + "b")
+	prefix := rawDoc(strings.Repeat("a", 10000) + "c")
+	cases := map[string]func(t *testing.T, s *fileStore, spare string) *fileStore{
+		"put there by hand": func(t *testing.T, s *fileStore, spare string) *fileStore {
+			require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, rawDoc("x")))
+			require.NoError(t, os.WriteFile(spare, prefix, 0o600))
+			return s
+		},
+		"changed since": func(t *testing.T, s *fileStore, spare string) *fileStore {
+			require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, prefix))
+			require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, rawDoc("x")))
+			f, err := os.OpenFile(spare, os.O_WRONLY|os.O_APPEND, 0)
+			require.NoError(t, err)
+			_, err = f.WriteString("more")
+			require.NoError(t, errors.Join(err, f.Close()))
+			return s
+		},
+		"failed sync, spare left behind": func(t *testing.T, s *fileStore, spare string) *fileStore {
+			require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, rawDoc("x")))
+			require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, rawDoc("y")))
+			s.fs = &faultyFS{failAt: []string{"sync", "remove"}, err: errors.New("injected")}
+			require.Error(t, s.CreateCheckpoint(DeviceManagerKey, prefix))
+			s.fs = osFileSystem{}
+			got, err := os.ReadFile(spare)
+			require.NoError(t, err)
+			require.Equal(t, string(prefix), string(got), "the failed write's bytes, as the page cache holds them")
+			return s
+		},
+		"a new store": func(t *testing.T, s *fileStore, _ string) *fileStore {
+			require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, prefix))
+			require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, rawDoc("x")))
+			fresh, err := NewManager(s.dir)
+			require.NoError(t, err)
+			return fresh.(*fileStore)
+		},
+	}
+	for name, prepare := range cases {
+		t.Run(name, func(t *testing.T) {
+			s, dir := newTestStore(t)
+			spare := filepath.Join(dir, SpareName(DeviceManagerKey))
+			s = prepare(t, s, spare)
+			ffs := &faultyFS{}
+			s.fs = ffs
+			require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, rawDoc(blob)))
+			assert.Equal(t, []int64{0}, ffs.writes, "written whole")
+			got, err := os.ReadFile(filepath.Join(dir, DeviceManagerKey))
+			require.NoError(t, err)
+			assert.Equal(t, string(blob), string(got))
 		})
 	}
 }
