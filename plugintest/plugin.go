@@ -460,11 +460,11 @@ func cloneDevices(devices []*pluginapi.Device) []*pluginapi.Device {
 				c.Topology.Nodes = nodePtrs[:len(t.Nodes):len(t.Nodes)]
 				nodePtrs = nodePtrs[len(t.Nodes):]
 				for j, n := range t.Nodes {
-					if n != nil {
-						nodes[0].ID = n.ID
-						c.Topology.Nodes[j] = &nodes[0]
-						nodes = nodes[1:]
-					}
+					// A nil node becomes an empty one, as proto.CloneOf
+					// makes it.
+					nodes[0].ID = n.GetID()
+					c.Topology.Nodes[j] = &nodes[0]
+					nodes = nodes[1:]
 				}
 			}
 		}

@@ -310,7 +310,10 @@ func TestCloneDevicesDeep(t *testing.T) {
 		if in[i].Topology != nil {
 			assert.NotSame(t, in[i].Topology, out[i].Topology)
 			assert.Equal(t, in[i].Topology.Nodes == nil, out[i].Topology.Nodes == nil, "device %d: nil and empty nodes", i)
+			ref := proto.CloneOf(in[i])
 			for j, n := range in[i].Topology.Nodes {
+				assert.Equal(t, ref.Topology.Nodes[j] == nil, out[i].Topology.Nodes[j] == nil,
+					"device %d node %d: nil as proto.CloneOf makes it", i, j)
 				if n != nil {
 					assert.NotSame(t, n, out[i].Topology.Nodes[j])
 				}
