@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -43,6 +44,9 @@ func (s spread) high() float64 { return slices.Max(s.values) }
 // formatNs prints nanoseconds with a unit that keeps three significant
 // digits.
 func formatNs(ns float64) string {
+	// Round to the three digits shown first, so that 999.6 µs reads 1 ms,
+	// not 1e+03 µs.
+	ns, _ = strconv.ParseFloat(strconv.FormatFloat(ns, 'g', 3, 64), 64)
 	switch d := math.Abs(ns); {
 	case d >= 1e9:
 		return fmt.Sprintf("%.3g s", ns/1e9)
