@@ -68,8 +68,9 @@ type fileStore struct {
 // cost of a durable write of a large checkpoint, and it lets writes go on
 // while the disk is full as long as the content does not outgrow them. A
 // spare this store wrote and synced itself is written from the first byte
-// that differs from it (see samePrefix). It is written only when it is a plain regular file
-// of mode 0600 with one link that no other descriptor has open (so a reader
+// that differs from it (see samePrefix). A spare is written only when it is
+// a plain regular file of mode 0600 with one link that no other descriptor
+// has open (so a reader
 // that opened the checkpoint before it became the spare never sees it
 // rewritten, and two stores never write it at once); otherwise it is left
 // alone and a new temporary file (a "." followed by digits) is renamed over
@@ -165,12 +166,15 @@ func (s *fileStore) writeLocked(key string, blob []byte) (err error) {
 	// holds an older checkpoint: it is overwritten from the first byte that
 	// differs and cut to the new length.
 	off := 0
-	if spare && s.trusted(f) {
-		off = s.samePrefix(f, blob)
+	if spare {
+		before := identify(f)
+		if s.trusted(before) {
+			off = s.samePrefix(f, blob)
+		}
+		// Whatever happens to this write, the file written to is no longer
+		// one this store knows the bytes of until the write has succeeded.
+		s.forget(before)
 	}
-	// Whatever happens to this write, the file written to is no longer one
-	// this store knows the bytes of until the write has succeeded.
-	s.forget(f)
 	var id fileID
 	defer func() {
 		if err == nil && id.ok {
@@ -272,18 +276,16 @@ func identify(f tempFile) fileID {
 	return identity(info)
 }
 
-// trusted reports whether f is one of the last two files this store wrote
+// trusted reports whether id is one of the last two files this store wrote
 // and synced successfully (the spare holds the checkpoint of two writes
 // before), unchanged since.
-func (s *fileStore) trusted(f tempFile) bool {
-	id := identify(f)
+func (s *fileStore) trusted(id fileID) bool {
 	return id.ok && (id == s.written[0] || id == s.written[1])
 }
 
-// forget drops what the store knew of f's file, which is about to be
+// forget drops what the store knew of id's file, which is about to be
 // written.
-func (s *fileStore) forget(f tempFile) {
-	id := identify(f)
+func (s *fileStore) forget(id fileID) {
 	for i := range s.written {
 		if s.written[i].ok && s.written[i].dev == id.dev && s.written[i].ino == id.ino {
 			s.written[i] = fileID{}
