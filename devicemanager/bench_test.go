@@ -113,18 +113,8 @@ func BenchmarkDeviceUpdate(b *testing.B) {
 					flipped[i].Health = pluginapi.Unhealthy
 				}
 			}
-			h.m.mu.Lock()
-			ep := h.m.resources[res1].primary
-			h.m.mu.Unlock()
 			go drain(h.m.Updates())
-			msgs := [][]*pluginapi.Device{flipped, devs}
-			i := 0
-			b.ReportAllocs()
-			b.ResetTimer()
-			for b.Loop() {
-				h.m.onDevices(res1, ep, msgs[i%2])
-				i++
-			}
+			applyAlternately(b, h, res1, flipped, devs)
 		})
 	}
 }
@@ -136,15 +126,19 @@ func BenchmarkDeviceListReplaced(b *testing.B) {
 	h := newHarness(b, quiet).start()
 	a, c := numbered("a", 10000), numbered("c", 10000)
 	h.registered(res1, a)
+	applyAlternately(b, h, res1, c, a)
+}
+
+// applyAlternately times res's lists, as its primary instance's messages,
+// one after the other and round again.
+func applyAlternately(b *testing.B, h *harness, res string, lists ...[]*pluginapi.Device) {
 	h.m.mu.Lock()
-	ep := h.m.resources[res1].primary
+	ep := h.m.resources[res].primary
 	h.m.mu.Unlock()
-	msgs := [][]*pluginapi.Device{c, a}
 	i := 0
 	b.ReportAllocs()
-	b.ResetTimer()
 	for b.Loop() {
-		h.m.onDevices(res1, ep, msgs[i%2])
+		h.m.onDevices(res, ep, lists[i%len(lists)])
 		i++
 	}
 }
