@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strings"
 	"sync"
@@ -50,6 +51,7 @@ type run struct {
 	log     logr.Logger
 	sink    *errorSink
 	profile string
+	trace   string
 	res     result
 	cleanup []func()
 }
@@ -73,6 +75,7 @@ func runMain(args []string) error {
 	size := fs.Int("size", 0, "floor: bytes per write; floorgrow: the last write's size")
 	iters := fs.Int("iters", 0, "W3, W3direct, W6, floor: timed repetitions (0: the workload's default)")
 	profile := fs.String("cpuprofile", "", "write a CPU profile of the timed section to this file")
+	traceOut := fs.String("trace", "", "write an execution trace of the timed section to this file")
 	fs.DurationVar(&pollInterval, "poll", 0, "pause between GetCapacity polls (0: a tight loop)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -86,7 +89,7 @@ func runMain(args []string) error {
 	// info messages and keeps the first errors.
 	klog.SetLogger(log)
 
-	r := &run{impl: *impl, dir: *dir, log: log, sink: sink, profile: *profile,
+	r := &run{impl: *impl, dir: *dir, log: log, sink: sink, profile: *profile, trace: *traceOut,
 		res: result{Impl: *impl, Workload: *workload, Metrics: map[string]float64{}}}
 	var err error
 	switch *workload {
@@ -194,20 +197,40 @@ func (r *run) plugin(s subject, res string, devs []*pluginapi.Device) (*pluginte
 	return p, waitQuiet(checkpointPath(s), afterWrite, settle)
 }
 
-// startProfile starts the CPU profile of the timed section, if asked for.
+// startProfile starts the CPU profile and the execution trace of the timed
+// section, each if asked for.
 func (r *run) startProfile() (stop func(), err error) {
-	if r.profile == "" {
-		return func() {}, nil
+	var stops []func()
+	stop = func() {
+		for _, f := range slices.Backward(stops) {
+			f()
+		}
 	}
-	f, err := os.Create(r.profile)
-	if err != nil {
-		return nil, err
+	if r.profile != "" {
+		f, err := os.Create(r.profile)
+		if err != nil {
+			return nil, err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			_ = f.Close()
+			return nil, err
+		}
+		stops = append(stops, func() { pprof.StopCPUProfile(); _ = f.Close() })
 	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		_ = f.Close()
-		return nil, err
+	if r.trace != "" {
+		f, err := os.Create(r.trace)
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		if err := trace.Start(f); err != nil {
+			_ = f.Close()
+			stop()
+			return nil, err
+		}
+		stops = append(stops, func() { trace.Stop(); _ = f.Close() })
 	}
-	return func() { pprof.StopCPUProfile(); _ = f.Close() }, nil
+	return stop, nil
 }
 
 // w1 registers a plugin with n devices and times until GetCapacity shows them
