@@ -72,6 +72,24 @@ func (e *EncodedEntry) hashFrom(h uint32, buf []byte, budget *int) (uint32, []by
 	return fnvUpdate(h, text), text
 }
 
+// Prepare does now, in the caller's goroutine, what an Encoder would do for
+// e on its next documents: the JSON, and the transfer that makes hashing
+// the entry again cost a table lookup instead of a pass over its text.
+// Admissions that overlap each other call it before they queue for the
+// write they share, so that the writer does not build each new record's
+// transfer in turn while the others wait. Safe for concurrent use, also
+// with Encoders using e.
+func (e *EncodedEntry) Prepare() {
+	e.encoded()
+	if e.transfer.Load() == nil {
+		e.transfer.CompareAndSwap(nil, newFNVTransfer(appendEntryText(nil, &e.entry)))
+	}
+}
+
+// Prepared reports whether e has its transfer: whether hashing it again
+// costs a table lookup rather than a pass over its text.
+func (e *EncodedEntry) Prepared() bool { return e.transfer.Load() != nil }
+
 // EncodeEntry wraps e. e's maps and slices are kept, not copied: they must
 // not be modified afterwards.
 func EncodeEntry(e PodDevicesEntry) *EncodedEntry { return &EncodedEntry{entry: e} }

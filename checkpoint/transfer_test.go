@@ -215,3 +215,55 @@ func TestEncoderRegisteredIdentity(t *testing.T) {
 		})
 	}
 }
+
+// Entries prepared ahead of the encoder, some while it encodes them in
+// another goroutine, give the documents a fresh Data writes; a prepared
+// entry is hashed through its transfer from its first document on.
+func TestEncoderWithPreparedEntries(t *testing.T) {
+	withTransfers(t, 1<<30, 0) // the encoder itself never builds one
+	g := newGen(41, 42)
+	r := rand.New(rand.NewPCG(43, 44))
+	var c Encoder
+	enc := encodeAll(g.data().PodDeviceEntries)
+	registered := g.registered()
+	prepared := 0
+	for step := range 300 {
+		e := EncodeEntry(PodDevicesEntry{PodUID: g.str(), ContainerName: g.str(), ResourceName: g.str(),
+			DeviceIDs: g.numa(), AllocResp: g.bytes()})
+		if e.Prepared() {
+			t.Fatal("a new entry claims a transfer")
+		}
+		i := r.IntN(len(enc) + 1)
+		enc = append(enc[:i:i], append([]*EncodedEntry{e}, enc[i:]...)...)
+		switch r.IntN(3) {
+		case 0: // left to the encoder
+			checkEncode(t, &c, enc, registered, fmt.Sprintf("step %d", step))
+		case 1: // prepared before the encode
+			e.Prepare()
+			prepared++
+			if !e.Prepared() {
+				t.Fatal("Prepare left no transfer")
+			}
+			checkEncode(t, &c, enc, registered, fmt.Sprintf("step %d, prepared", step))
+		case 2: // prepared while the encoder runs
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				e.Prepare()
+			}()
+			checkEncode(t, &c, enc, registered, fmt.Sprintf("step %d, prepared meanwhile", step))
+			<-done
+			prepared++
+		}
+	}
+	if prepared == 0 || countTransfers(enc) != prepared {
+		t.Fatalf("%d entries have a transfer, %d were prepared", countTransfers(enc), prepared)
+	}
+	// The documents after the last step still hash every prepared entry
+	// through its transfer: the encoder's own plain-hash count never moved.
+	for _, e := range enc {
+		if e.Prepared() && e.hashed.Load() > 1 {
+			t.Fatalf("a prepared entry was hashed plainly %d times", e.hashed.Load())
+		}
+	}
+}

@@ -198,8 +198,12 @@ func (m *ManagerImpl) allocateContainerResources(ctx context.Context, pod *v1.Po
 	gen := m.gen
 	m.commitSeq++
 	m.lastCommit[podUID] = m.commitSeq
+	prepare := m.toPrepareLocked(podUID, container.Name, resources)
 	m.mu.Unlock()
 
+	for _, e := range prepare {
+		e.Prepare()
+	}
 	if err := m.persist(gen); err != nil {
 		m.mu.Lock()
 		m.ledger.DeleteContainerResources(podUID, container.Name, resources...)

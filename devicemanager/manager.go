@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -54,6 +55,8 @@ type ManagerImpl struct {
 	// but one: always the latest document). Guarded by writeMu.
 	writtenGen uint64
 	lastBlob   []byte
+	// writers counts the persist calls in progress, waiting or writing.
+	writers atomic.Int32
 	// encoder writes checkpoints, reusing the encoding of the unchanged
 	// prefix of entries. Guarded by writeMu.
 	encoder checkpoint.Encoder

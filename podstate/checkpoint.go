@@ -114,6 +114,17 @@ func (l *Ledger) ToEncoded() ([]*checkpoint.EncodedEntry, error) {
 	return entries, l.unwritableErr()
 }
 
+// Encoded returns the entry ToEncoded holds for the container's record of
+// resource, or nil when there is none (no record, or one the checkpoint
+// cannot hold).
+func (l *Ledger) Encoded(podUID, containerName, resource string) *checkpoint.EncodedEntry {
+	i, found := slices.BinarySearchFunc(l.written, recordKey{podUID, containerName, resource}, compareEntryKey)
+	if !found {
+		return nil
+	}
+	return l.written[i]
+}
+
 // unwritableErr names, in key order, the records left out of the checkpoint.
 func (l *Ledger) unwritableErr() error {
 	if len(l.unwritable) == 0 {

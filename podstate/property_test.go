@@ -177,6 +177,11 @@ func checkInvariants(t *testing.T, l *Ledger, resources []string, where string) 
 	require.Len(t, encoded, len(entries), where)
 	for i, e := range encoded {
 		require.Equal(t, entries[i], e.Entry(), "%s: encoded entry %d", where, i)
+		require.Same(t, e, l.Encoded(e.Entry().PodUID, e.Entry().ContainerName, e.Entry().ResourceName),
+			"%s: Encoded for entry %d", where, i)
+	}
+	for k := range wantUnwritable {
+		require.Nil(t, l.Encoded(k.pod, k.container, k.resource), "%s: Encoded for an unwritable record", where)
 	}
 	require.Equal(t, err == nil, encErr == nil, where)
 	require.Len(t, l.unwritable, len(wantUnwritable), where)
