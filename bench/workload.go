@@ -260,6 +260,7 @@ func (r *run) w1(n int) error {
 	}
 	defer stop()
 	start := time.Now()
+	trace.Log(context.Background(), "W1", "register")
 	if err := p.Register(kubeletSocket(s)); err != nil {
 		return err
 	}
@@ -267,6 +268,7 @@ func (r *run) w1(n int) error {
 		return err
 	}
 	r.duration("register_ns", time.Since(start))
+	trace.Log(context.Background(), "W1", "visible")
 	if err := waitReplaced(cp, before, settle); err != nil {
 		return err
 	}
@@ -459,11 +461,13 @@ func (r *run) w3(npods, iters int, direct bool) error {
 	for i := range iters {
 		before := stampOf(cp)
 		start := time.Now()
+		trace.Log(context.Background(), "W3", "update")
 		p.Update(msgs[i%2])
 		if err := waitAllocatable(s, resGPU, want[i%2], settle, nil); err != nil {
 			return err
 		}
 		visible = append(visible, time.Since(start))
+		trace.Log(context.Background(), "W3", "visible")
 		if err := waitReplaced(cp, before, settle); err != nil {
 			return err
 		}
