@@ -100,13 +100,29 @@ func (c *listCodec) Unmarshal(data mem.BufferSlice, v any) error {
 		return proto.Unmarshal(raw, msg)
 	}
 	devs := make([]*pluginapi.Device, len(spans))
+	fresh := len(spans)
 	for i, s := range spans {
 		if i < len(c.spans) && c.same(raw, s, i) {
 			devs[i] = c.devs[i]
+			fresh--
+		}
+	}
+	// The devices decoded from this message share one array (which lives
+	// as long as any of them), and a device that changed but kept its ID (a
+	// health flip) keeps its ID string: an update costs a few allocations
+	// instead of two per changed device, a first list one per device.
+	slab := make([]pluginapi.Device, fresh)
+	for i, s := range spans {
+		if devs[i] != nil {
 			continue
 		}
-		d := &pluginapi.Device{}
-		if !decodeDevice(raw[s.start:s.end], d, &c.topologies) {
+		d := &slab[0]
+		slab = slab[1:]
+		var prevID string
+		if i < len(c.devs) {
+			prevID = c.devs[i].ID
+		}
+		if !decodeDevice(raw[s.start:s.end], d, &c.topologies, prevID) {
 			if err := proto.Unmarshal(raw[s.start:s.end], d); err != nil {
 				c.reset()
 				return fmt.Errorf("device %d of the list: %w", i, err)
@@ -189,8 +205,9 @@ func countFields(b []byte) int {
 // each, strings in UTF-8. It returns false, leaving d to be decoded again
 // by proto.Unmarshal, for anything else: other orders, repeated or unknown
 // fields, malformed bytes. The health strings the API defines are shared,
-// not copied, and so are topologies through topologies (which may be nil).
-func decodeDevice(b []byte, d *pluginapi.Device, topologies *topologyCache) bool {
+// not copied, and so are topologies through topologies (which may be nil)
+// and prevID, a valid ID, when the ID is the same.
+func decodeDevice(b []byte, d *pluginapi.Device, topologies *topologyCache, prevID string) bool {
 	last := protowire.Number(0)
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
@@ -206,10 +223,14 @@ func decodeDevice(b []byte, d *pluginapi.Device, topologies *topologyCache) bool
 		b = b[n:]
 		switch num {
 		case 1:
-			if !utf8.Valid(v) {
+			switch {
+			case prevID != "" && string(v) == prevID:
+				d.ID = prevID
+			case !utf8.Valid(v):
 				return false
+			default:
+				d.ID = string(v)
 			}
-			d.ID = string(v)
 		case 2:
 			switch string(v) {
 			case pluginapi.Healthy:

@@ -3,7 +3,9 @@ package endpoint
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -43,7 +45,7 @@ func marshal(t *testing.T, devs []*pluginapi.Device) []byte {
 // encoded as before at the same place.
 func TestListCodecMatchesProto(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
-	reused := 0
+	reused, keptID := 0, 0
 	for seq := 0; seq < 100; seq++ {
 		c := newListCodec()
 		var list []*pluginapi.Device
@@ -93,12 +95,20 @@ func TestListCodecMatchesProto(t *testing.T) {
 					}
 					assert.Equal(t, want, i < len(prev.Devices) && got.Devices[i] == prev.Devices[i],
 						"seq %d step %d device %d: reused", seq, step, i)
+					// A device decoded again with the ID it had keeps
+					// that ID's string.
+					if !want && i < len(prev.Devices) && got.Devices[i].ID == prev.Devices[i].ID && got.Devices[i].ID != "" {
+						keptID++
+						assert.Same(t, unsafe.StringData(prev.Devices[i].ID), unsafe.StringData(got.Devices[i].ID),
+							"seq %d step %d device %d: ID string kept", seq, step, i)
+					}
 				}
 			}
 			prev, prevRaw = got, raw
 		}
 	}
 	assert.Greater(t, reused, 3000, "hardly any device was reused")
+	assert.Greater(t, keptID, 1000, "hardly any device kept its ID string")
 }
 
 func randomDevice(rng *rand.Rand, id string) *pluginapi.Device {
@@ -261,17 +271,27 @@ func TestDecodeDeviceMatchesProto(t *testing.T) {
 		raw, err := proto.Marshal(want)
 		require.NoError(t, err)
 		got, again := &pluginapi.Device{}, &pluginapi.Device{}
-		require.True(t, decodeDevice(raw, got, nil), "device %d: %v", i, want)
+		require.True(t, decodeDevice(raw, got, nil, ""), "device %d: %v", i, want)
 		assert.True(t, proto.Equal(want, got), "device %d: got %v, want %v", i, got, want)
-		require.True(t, decodeDevice(raw, got, &cache), "device %d: %v", i, want)
-		require.True(t, decodeDevice(raw, again, &cache), "device %d: %v", i, want)
+		require.True(t, decodeDevice(raw, got, &cache, ""), "device %d: %v", i, want)
+		require.True(t, decodeDevice(raw, again, &cache, ""), "device %d: %v", i, want)
 		assert.True(t, proto.Equal(want, again), "device %d: got %v, want %v", i, again, want)
 		if want.Topology != nil {
 			assert.Same(t, got.Topology, again.Topology, "device %d: the topology is shared", i)
 		}
+		// Given the ID it had before, a device keeps that string; given
+		// another, it decodes its own.
+		prev := strings.Clone(want.ID)
+		same, other := &pluginapi.Device{}, &pluginapi.Device{}
+		require.True(t, decodeDevice(raw, same, &cache, prev), "device %d: %v", i, want)
+		require.True(t, decodeDevice(raw, other, &cache, prev+"x"), "device %d: %v", i, want)
+		assert.True(t, proto.Equal(want, same) && proto.Equal(want, other), "device %d: got %v and %v, want %v", i, same, other, want)
+		if len(want.ID) > 1 { // Go keeps one-byte strings in a static table
+			assert.Same(t, unsafe.StringData(prev), unsafe.StringData(same.ID), "device %d: the ID is shared", i)
+		}
 	}
 	// Anything else is left to proto.Unmarshal.
-	ok := func(b []byte) bool { return decodeDevice(b, &pluginapi.Device{}, nil) }
+	ok := func(b []byte) bool { return decodeDevice(b, &pluginapi.Device{}, nil, "") }
 	health := protowire.AppendString(protowire.AppendTag(nil, 2, protowire.BytesType), "Healthy")
 	id := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "x")
 	assert.False(t, ok(append(append([]byte{}, health...), id...)), "fields out of order")
@@ -295,7 +315,7 @@ func FuzzDecodeDevice(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		got := &pluginapi.Device{}
-		if !decodeDevice(b, got, nil) {
+		if !decodeDevice(b, got, nil, "") {
 			return
 		}
 		want := &pluginapi.Device{}
@@ -310,8 +330,15 @@ func FuzzDecodeDevice(f *testing.F) {
 		var cache topologyCache
 		for range 2 {
 			shared := &pluginapi.Device{}
-			if !decodeDevice(b, shared, &cache) || !proto.Equal(want, shared) {
+			if !decodeDevice(b, shared, &cache, "") || !proto.Equal(want, shared) {
 				t.Fatalf("through the cache: %v, proto.Unmarshal %v, from %x", shared, want, b)
+			}
+		}
+		// Given the previous ID, the same one or another, too.
+		for _, prev := range []string{want.ID, want.ID + "x", "x"} {
+			again := &pluginapi.Device{}
+			if !decodeDevice(b, again, &cache, prev) || !proto.Equal(want, again) {
+				t.Fatalf("with previous ID %q: %v, proto.Unmarshal %v, from %x", prev, again, want, b)
 			}
 		}
 	})
