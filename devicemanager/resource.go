@@ -2,7 +2,6 @@ package devicemanager
 
 import (
 	"slices"
-	"strings"
 
 	"k8s.io/apimachinery/pkg/util/sets"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -134,32 +133,6 @@ func (r *resourceState) sortLastList() {
 	if r.order == nil || r.sortedIDs == nil {
 		r.order, r.sortedIDs = sortByID(idsAt(r.lastList))
 	}
-}
-
-// idAt is a device ID and its index in a device list.
-type idAt struct {
-	id string
-	i  int32
-}
-
-// idsAt copies the IDs of list, with their indices.
-func idsAt(list []*pluginapi.Device) []idAt {
-	out := make([]idAt, len(list))
-	for i, d := range list {
-		out[i] = idAt{d.ID, int32(i)}
-	}
-	return out
-}
-
-// sortByID sorts byID (in place) and returns its indices and IDs in that
-// order. It reads nothing shared, so it runs outside the manager's lock.
-func sortByID(byID []idAt) (order []int32, ids []string) {
-	slices.SortFunc(byID, func(a, b idAt) int { return strings.Compare(a.id, b.id) })
-	order, ids = make([]int32, len(byID)), make([]string, len(byID))
-	for k, x := range byID {
-		order[k], ids[k] = x.i, x.id
-	}
-	return order, ids
 }
 
 // unsortedList returns lastList and a copy of its IDs when they need sorting
