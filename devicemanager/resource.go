@@ -1,6 +1,7 @@
 package devicemanager
 
 import (
+	"maps"
 	"slices"
 
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -189,10 +190,20 @@ func (r *resourceState) applyList(devs []*pluginapi.Device, borrowed bool) (chan
 			devices[d.ID] = d
 		}
 	}
+	// The list itself is walked when it holds each device once (nearly
+	// always), the map otherwise: walking a slice costs less.
+	list := devs
+	if len(devices) != len(devs) {
+		list = slices.Collect(maps.Values(devices))
+	}
+	if len(old) == 0 && len(list) > 0 {
+		changed = make([]string, 0, len(list)) // every device is new
+	}
 	healthy := make(sets.Set[string], len(devices))
 	unhealthy := sets.New[string]()
 	sameIDs := len(devices) == len(old)
-	for id, d := range devices {
+	for _, d := range list {
+		id := d.ID
 		prev, ok := old[id]
 		if !ok {
 			sameIDs = false
