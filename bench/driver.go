@@ -89,7 +89,7 @@ func compareMain(args []string) error {
 	implList := fs.String("impls", "devmgr,kubelet", "implementations to run")
 	only := fs.String("only", "", "run only the workloads whose name (W1/n=8, W2, ...) matches this regexp")
 	timeout := fs.Duration("timeout", 15*time.Minute, "limit of one run")
-	poll := fs.Duration("poll", 0, "pause between GetCapacity polls in the runs (0: a tight loop)")
+	poll := fs.Duration("poll", pollInterval, "pause between polls of GetCapacity or the checkpoint in the runs (0: a tight loop)")
 	rev := fs.String("rev", "", "how to name the devmgr under test in the report (default: git describe of ..)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -141,10 +141,7 @@ func compareMain(args []string) error {
 		return err
 	}
 	defer os.RemoveAll(base)
-	var common []string
-	if *poll > 0 {
-		common = []string{"-poll", poll.String()}
-	}
+	common := []string{"-poll", poll.String()}
 	d := &driver{self: self, base: base, impls: impls, timeout: *timeout, common: common,
 		results: map[string]map[string][]result{}, prep: map[string]result{}}
 
@@ -244,6 +241,7 @@ func compareMain(args []string) error {
 		prep:     d.prep,
 		floorLen: floorSize,
 		loads:    d.loads,
+		poll:     *poll,
 	}
 	text := rep.markdown()
 	if *out != "" {

@@ -76,7 +76,7 @@ func runMain(args []string) error {
 	iters := fs.Int("iters", 0, "W3, W3direct, W6, floor: timed repetitions (0: the workload's default)")
 	profile := fs.String("cpuprofile", "", "write a CPU profile of the timed section to this file")
 	traceOut := fs.String("trace", "", "write an execution trace of the timed section to this file")
-	fs.DurationVar(&pollInterval, "poll", 0, "pause between GetCapacity polls (0: a tight loop)")
+	fs.DurationVar(&pollInterval, "poll", pollInterval, "pause between polls of GetCapacity or the checkpoint (0: a tight loop)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
