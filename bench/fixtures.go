@@ -209,7 +209,8 @@ var (
 // pollInterval is the pause between two polls of GetCapacity or of the
 // checkpoint file. A pause is a nanosleep on a thread of the poller's own
 // with a timer slack of 1 ns, about 25 µs for the default 10 µs: the poller
-// takes next to no CPU and never sits in the Go scheduler's queues. 0 polls
+// takes little CPU and never sits in the Go scheduler's queues (it keeps its
+// P: sysmon does not hand off system calls this short). 0 polls
 // in a tight loop instead, yielding the processor between polls; on this
 // 2-CPU machine that loop keeps one CPU busy, waits in the global run queue
 // while the manager's goroutine runs on, and starves the runtime's network
