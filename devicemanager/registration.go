@@ -236,23 +236,21 @@ func (m *ManagerImpl) applyDevices(resource string, ep *endpoint.Endpoint, devs 
 		changed, healthyChanged = r.setDevices(devs)
 	}
 	healthy := r.healthy.Len()
-	// The owners of changed devices, in device ID order; only the few
-	// devices that have owners are sorted, not a whole new list.
+	// The owners of changed devices, gathered into one slice here and put
+	// in device ID order once the lock is released; only the few devices
+	// that have owners are sorted, not a whole new list.
 	type ownedDevice struct {
-		id   string
-		refs []podstate.ContainerRef
+		id       string
+		from, to int
 	}
 	var owned []ownedDevice
-	for _, id := range changed {
-		if refs := m.ledger.Owners(resource, id); len(refs) > 0 {
-			owned = append(owned, ownedDevice{id, refs})
-		}
-	}
-	slices.SortFunc(owned, func(a, b ownedDevice) int { return strings.Compare(a.id, b.id) })
-	var owners []string
-	for _, o := range owned {
-		for _, ref := range o.refs {
-			owners = append(owners, ref.PodUID)
+	var refs []podstate.ContainerRef
+	if m.ledger.AllocatedCount(resource) > 0 {
+		for _, id := range changed {
+			n := len(refs)
+			if refs = m.ledger.AppendOwners(refs, resource, id); len(refs) > n {
+				owned = append(owned, ownedDevice{id, n, len(refs)})
+			}
 		}
 	}
 	gen := m.gen
@@ -274,7 +272,14 @@ func (m *ManagerImpl) applyDevices(resource string, ep *endpoint.Endpoint, devs 
 
 	m.log.V(2).Info("Device plugin reported devices", keyResource, resource, keySocket, ep.SocketPath(),
 		keyCount, len(devs), keyHealthy, healthy, "changed", len(changed))
-	if len(owners) > 0 {
+	if len(owned) > 0 {
+		slices.SortFunc(owned, func(a, b ownedDevice) int { return strings.Compare(a.id, b.id) })
+		owners := make([]string, 0, len(refs))
+		for _, o := range owned {
+			for _, ref := range refs[o.from:o.to] {
+				owners = append(owners, ref.PodUID)
+			}
+		}
 		m.updates.push(owners)
 	}
 	if healthyChanged {
