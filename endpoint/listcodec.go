@@ -107,17 +107,28 @@ func (c *listCodec) Unmarshal(data mem.BufferSlice, v any) error {
 			fresh--
 		}
 	}
-	// The devices decoded from this message share one array (which lives
-	// as long as any of them), and a device that changed but kept its ID (a
-	// health flip) keeps its ID string: an update costs a few allocations
-	// instead of two per changed device, a first list one per device.
-	slab := make([]pluginapi.Device, fresh)
+	// When every device is new (a first list, a list replaced whole), they
+	// are decoded into one array: an array lives as long as any of its
+	// devices, and here they all go together when the next whole list
+	// comes. The devices of a partial update are allocated one by one, as
+	// unchanged devices outlive their message: one array per update would
+	// keep every past update's array alive through its last unchanged
+	// device. A device that changed but kept its ID (a health flip) keeps
+	// its ID string.
+	var slab []pluginapi.Device
+	if fresh == len(spans) {
+		slab = make([]pluginapi.Device, fresh)
+	}
 	for i, s := range spans {
 		if devs[i] != nil {
 			continue
 		}
-		d := &slab[0]
-		slab = slab[1:]
+		var d *pluginapi.Device
+		if slab != nil {
+			d, slab = &slab[0], slab[1:]
+		} else {
+			d = &pluginapi.Device{}
+		}
 		var prevID string
 		if i < len(c.devs) {
 			prevID = c.devs[i].ID

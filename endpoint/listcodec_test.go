@@ -3,6 +3,7 @@ package endpoint
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"strings"
 	"testing"
 	"unsafe"
@@ -389,4 +390,40 @@ func TestListCodecSharesTopologies(t *testing.T) {
 	require.True(t, proto.Equal(want, got))
 	assert.Empty(t, c.topologies, "an encoding over maxTopologyBytes is not cached")
 	assert.NotSame(t, got.Devices[0].Topology, got.Devices[1].Topology)
+}
+
+// Devices kept from older messages do not keep those messages' other
+// devices alive: after a sequence of updates where message k changes the
+// devices from k on (each message leaves one more device as it was), the
+// codec holds about one list's worth of memory, not one per message. The
+// bound is ten times what the devices take, and a tenth of what an array
+// per message kept (about 7 MiB).
+func TestListCodecRetainsOneListOfDevices(t *testing.T) {
+	const n = 400
+	liveHeap := func() uint64 {
+		runtime.GC()
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	devs := make([]*pluginapi.Device, n)
+	for i := range devs {
+		devs[i] = &pluginapi.Device{ID: fmt.Sprintf("GPU-%08x-aaaa-bbbb-cccc-%012d", i, i), Health: pluginapi.Healthy}
+	}
+	c := newListCodec()
+	base := liveHeap()
+	for k := range n {
+		for j := k; j < n; j++ {
+			h := pluginapi.Unhealthy
+			if devs[j].Health == h {
+				h = pluginapi.Healthy
+			}
+			devs[j] = &pluginapi.Device{ID: devs[j].ID, Health: h}
+		}
+		require.NoError(t, c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(marshal(t, devs))}, &pluginapi.ListAndWatchResponse{}))
+	}
+	held := int64(liveHeap()) - int64(base)
+	runtime.KeepAlive(c)
+	assert.Less(t, held, int64(700<<10), "the codec holds %d KiB for %d devices", held>>10, n)
 }
