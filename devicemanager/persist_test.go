@@ -1,7 +1,6 @@
 package devicemanager
 
 import (
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -56,13 +55,7 @@ func TestOverlappingAdmissionPreparesItsEntry(t *testing.T) {
 	defer release()
 	stuck := newPod("stuck", ctr("app", res1, 1))
 	h.pods.add(stuck)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		assert.NoError(t, h.admit(stuck))
-	}()
-	waitCalls(t, slow, plugintest.MethodAllocate, 1)
+	admitted := h.admitHeld(slow, stuck)
 
 	other := newPod("other", ctr("app", res2, 1))
 	h.pods.add(other)
@@ -72,7 +65,7 @@ func TestOverlappingAdmissionPreparesItsEntry(t *testing.T) {
 	assert.True(t, e.Prepared(), "an admission beside a plugin call in flight left its entry unprepared")
 
 	release()
-	wg.Wait()
+	admitted()
 	// An admission sorted before "other" makes the encoder hash its
 	// entry again, through the prepared transfer; reading the file back
 	// verifies the checksum.

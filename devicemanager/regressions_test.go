@@ -18,7 +18,23 @@ import (
 
 // Regression tests, each named after the upstream bug it pins.
 
-func waitCalls(t *testing.T, p *plugintest.Plugin, m plugintest.Method, n int) {
+// admitHeld admits pod in a goroutine of its own and returns once its
+// Allocate call has reached p, whose Allocate calls the caller holds
+// (plugintest's Block); admitted waits for the admission, which must
+// succeed once the call is let through.
+func (h *harness) admitHeld(p *plugintest.Plugin, pod *v1.Pod) (admitted func()) {
+	h.t.Helper()
+	before := len(p.CallsOf(plugintest.MethodAllocate))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		assert.NoError(h.t, h.admit(pod))
+	}()
+	waitCalls(h.t, p, plugintest.MethodAllocate, before+1)
+	return func() { <-done }
+}
+
+func waitCalls(t testing.TB, p *plugintest.Plugin, m plugintest.Method, n int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
@@ -294,13 +310,7 @@ func TestHungPluginDelaysOnlyItsResource(t *testing.T) {
 	defer release()
 
 	stuck := newPod("stuck", ctr("app", res1, 1))
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		assert.NoError(t, h.admit(stuck))
-	}()
-	waitCalls(t, slow, plugintest.MethodAllocate, 1)
+	admitted := h.admitHeld(slow, stuck)
 
 	other := newPod("other", ctr("app", res2, 1))
 	h.pods.add(other, stuck)
@@ -308,7 +318,7 @@ func TestHungPluginDelaysOnlyItsResource(t *testing.T) {
 	c, a := h.capacity(res2)
 	assert.Equal(t, []int64{1, 1}, []int64{c, a})
 	release()
-	wg.Wait()
+	admitted()
 	assert.Equal(t, []string{"a0"}, h.held(stuck, "app", res1))
 }
 
