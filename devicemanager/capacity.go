@@ -1,12 +1,15 @@
 package devicemanager
 
 import (
+	"fmt"
 	"slices"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/sets"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/openkubelet/devmgr/endpoint"
 )
 
 // GetCapacity returns, per registered resource, its device count (capacity)
@@ -15,6 +18,14 @@ import (
 // StopGracePeriod is removed here, reported once in removed, and the
 // checkpoint is rewritten without it. Safe before Start and after Stop.
 func (m *ManagerImpl) GetCapacity() (capacity, allocatable v1.ResourceList, removed []string) {
+	if v := m.capView.Load(); v != nil {
+		if capacity, allocatable, ok := v.lists(); ok {
+			if verifyCapacityView {
+				m.verifyCapacityView()
+			}
+			return capacity, allocatable, nil
+		}
+	}
 	capacity, allocatable = v1.ResourceList{}, v1.ResourceList{}
 	m.mu.Lock()
 	for name, r := range m.resources {
@@ -35,6 +46,7 @@ func (m *ManagerImpl) GetCapacity() (capacity, allocatable v1.ResourceList, remo
 		m.gen++
 		gen = m.gen
 	}
+	m.publishCapacityLocked()
 	m.mu.Unlock()
 
 	if len(removed) > 0 {
@@ -44,6 +56,86 @@ func (m *ManagerImpl) GetCapacity() (capacity, allocatable v1.ResourceList, remo
 		}
 	}
 	return capacity, allocatable, removed
+}
+
+// capacityView is GetCapacity's answer while every registered resource has
+// a running plugin. Nothing can expire then, so GetCapacity reads the view
+// instead of taking m.mu, and a caller polling capacity never waits behind
+// a device update or an admission. An endpoint stops before its disconnect
+// takes the lock, so each read checks the primaries are still running.
+type capacityView struct {
+	names                 []v1.ResourceName
+	capacity, allocatable []int64
+	primaries             []*endpoint.Endpoint
+}
+
+// lists returns the view as GetCapacity returns it; false when a primary
+// has stopped since the view was made.
+func (v *capacityView) lists() (capacity, allocatable v1.ResourceList, ok bool) {
+	for _, ep := range v.primaries {
+		if ep.IsStopped() {
+			return nil, nil, false
+		}
+	}
+	capacity, allocatable = make(v1.ResourceList, len(v.names)), make(v1.ResourceList, len(v.names))
+	for i, name := range v.names {
+		capacity[name] = *resource.NewQuantity(v.capacity[i], resource.DecimalSI)
+		allocatable[name] = *resource.NewQuantity(v.allocatable[i], resource.DecimalSI)
+	}
+	return capacity, allocatable, true
+}
+
+// publishCapacityLocked makes the view of the current state GetCapacity's
+// answer, or takes it away while a registered resource has no running
+// plugin. Called, under m.mu, wherever a resource's devices, health,
+// registration or primary change. Expects m.mu held.
+func (m *ManagerImpl) publishCapacityLocked() {
+	v := &capacityView{}
+	for name, r := range m.resources {
+		if !r.registered {
+			continue
+		}
+		if r.primary == nil || r.primary.IsStopped() {
+			m.capView.Store(nil)
+			return
+		}
+		v.names = append(v.names, v1.ResourceName(name))
+		v.capacity = append(v.capacity, int64(r.healthy.Len()+r.unhealthy.Len()))
+		v.allocatable = append(v.allocatable, int64(r.healthy.Len()))
+		v.primaries = append(v.primaries, r.primary)
+	}
+	m.capView.Store(v)
+}
+
+// verifyCapacityView, set by the tests, makes every GetCapacity answered
+// from the view check, under m.mu, that the view is what the state gives.
+var verifyCapacityView = false
+
+func (m *ManagerImpl) verifyCapacityView() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	v := m.capView.Load()
+	if v == nil {
+		return
+	}
+	got, _, ok := v.lists()
+	if !ok {
+		return
+	}
+	want := map[v1.ResourceName]int64{}
+	for name, r := range m.resources {
+		if r.registered {
+			want[v1.ResourceName(name)] = int64(r.healthy.Len()+r.unhealthy.Len())<<32 | int64(r.healthy.Len())
+		}
+	}
+	for i, name := range v.names {
+		if want[name] != v.capacity[i]<<32|v.allocatable[i] {
+			panic(fmt.Sprintf("capacity view of %s: %d/%d, state %d/%d", name, v.capacity[i], v.allocatable[i], want[name]>>32, want[name]&(1<<32-1)))
+		}
+	}
+	if len(want) != len(got) {
+		panic(fmt.Sprintf("capacity view names %d resources, the state %d", len(got), len(want)))
+	}
 }
 
 // collectResourcesLocked retires resources whose plugin is gone for good:

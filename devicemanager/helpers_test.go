@@ -24,7 +24,10 @@ import (
 	"github.com/openkubelet/devmgr/podstate"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	verifyCapacityView = true
+	goleak.VerifyTestMain(m)
+}
 
 // waitTimeout bounds every wait for the manager to observe something.
 const waitTimeout = 10 * time.Second

@@ -57,6 +57,10 @@ type ManagerImpl struct {
 	lastBlob   []byte
 	// writers counts the persist calls in progress, waiting or writing.
 	writers atomic.Int32
+	// capView is what GetCapacity returns while every registered resource
+	// has a running plugin (nil: take mu); written under mu wherever
+	// capacity changes.
+	capView atomic.Pointer[capacityView]
 	// encoder writes checkpoints, reusing the encoding of the unchanged
 	// prefix of entries. Guarded by writeMu.
 	encoder checkpoint.Encoder

@@ -1,6 +1,8 @@
 package devicemanager
 
 import (
+	"time"
+
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -80,4 +82,59 @@ func TestOverlappingAdmissionPreparesItsEntry(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, want, entries)
 	assert.Len(t, entries, 4)
+}
+
+// getCapacityWithin calls GetCapacity in a goroutine of its own and reports
+// whether it returned within d; either way it returns once the call has.
+func getCapacityWithin(m *ManagerImpl, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		m.GetCapacity()
+	}()
+	select {
+	case <-done:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+// fastCapacity reports whether GetCapacity answers from the published view.
+func (h *harness) fastCapacity() bool {
+	v := h.m.capView.Load()
+	if v == nil {
+		return false
+	}
+	_, _, ok := v.lists()
+	return ok
+}
+
+// While every registered resource has a running plugin, GetCapacity
+// answers without the manager's lock, so that it never waits behind a
+// device update or an admission; while a plugin is gone (its resource may
+// expire), it takes the lock; a new registration brings the view back.
+// Every GetCapacity of the package's tests checks the view against the
+// state (verifyCapacityView).
+func TestGetCapacityWithoutTheLockWhilePluginsRun(t *testing.T) {
+	h := newHarness(t).start()
+	p := h.registered(res1, devices("dev", 2))
+	h.waitCapacity(res1, 2, 2)
+	require.True(t, h.fastCapacity())
+
+	// The check of the view takes the lock; not for this call.
+	verifyCapacityView = false
+	h.m.mu.Lock()
+	returned := getCapacityWithin(h.m, waitTimeout)
+	h.m.mu.Unlock()
+	verifyCapacityView = true
+	assert.True(t, returned, "GetCapacity waited for the lock with its plugin running")
+
+	p.Stop()
+	h.waitCapacity(res1, 2, 0)
+	assert.False(t, h.fastCapacity(), "the view is used with the plugin gone")
+
+	h.registered(res1, devices("dev", 3), func(o *plugintest.Options) { o.Endpoint = "again.sock" })
+	h.waitCapacity(res1, 3, 3)
+	assert.True(t, h.fastCapacity(), "no view after the plugin registered again")
 }

@@ -128,6 +128,7 @@ func (m *ManagerImpl) connect(ctx context.Context, resource, path string) error 
 	m.connSeq++
 	r.instances[path] = &instance{ep: ep, seq: m.connSeq}
 	r.primary = ep
+	m.publishCapacityLocked()
 	m.wg.Add(1)
 	m.mu.Unlock()
 
@@ -236,6 +237,7 @@ func (m *ManagerImpl) applyDevices(resource string, ep *endpoint.Endpoint, devs 
 		changed, healthyChanged = r.setDevices(devs)
 	}
 	healthy := r.healthy.Len()
+	m.publishCapacityLocked()
 	// The owners of changed devices, gathered into one slice here and put
 	// in device ID order once the lock is released; only the few devices
 	// that have owners are sorted, not a whole new list.
@@ -301,6 +303,7 @@ func (m *ManagerImpl) disconnect(resource string, ep *endpoint.Endpoint) {
 	if r == nil || !r.current(ep) {
 		return // replaced by a newer registration on the same socket
 	}
+	defer m.publishCapacityLocked()
 	delete(r.instances, ep.SocketPath())
 	if len(r.instances) == 0 {
 		r.markUnhealthy()
