@@ -210,11 +210,11 @@ var (
 // checkpoint file. A pause is a nanosleep on a thread of the poller's own
 // with a timer slack of 1 ns, about 25 µs for the default 10 µs: the poller
 // takes little CPU and never sits in the Go scheduler's queues (it keeps its
-// P: sysmon does not hand off system calls this short). 0 polls
-// in a tight loop instead, yielding the processor between polls; on this
-// 2-CPU machine that loop keeps one CPU busy, waits in the global run queue
-// while the manager's goroutine runs on, and starves the runtime's network
-// poller (execution traces: plugin frames left unread for 1.5 ms, and both
+// P: sysmon does not hand off system calls this short). 0 polls in a tight
+// loop instead, yielding the processor between polls; on this 2-CPU machine
+// that loop keeps one CPU busy, waits in the global run queue while the
+// manager's goroutine runs on, and starves the runtime's network poller
+// (execution traces: plugin frames left unread for 1.5 ms, and both
 // managers seen only once they block in their checkpoint write).
 // time.Sleep is no use here: under a millisecond it sleeps about 1.1 ms.
 var pollInterval = 10 * time.Microsecond

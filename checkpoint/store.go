@@ -70,11 +70,11 @@ type fileStore struct {
 // spare this store wrote and synced itself is written from the first byte
 // that differs from it (see samePrefix). A spare is written only when it is
 // a plain regular file of mode 0600 with one link that no other descriptor
-// has open (so a reader
-// that opened the checkpoint before it became the spare never sees it
-// rewritten, and two stores never write it at once); otherwise it is left
-// alone and a new temporary file (a "." followed by digits) is renamed over
-// the checkpoint, as on systems that cannot exchange.
+// has open (so a reader that opened the checkpoint before it became the
+// spare never sees it rewritten, and two stores never write it at once);
+// otherwise it is left alone and a new temporary file (a "." followed by
+// digits) is renamed over the checkpoint, as on systems that cannot
+// exchange.
 //
 // Keys follow the kubelet's rule: at most 250 characters of [A-Za-z0-9-_.],
 // starting and ending with a letter or digit.

@@ -2,6 +2,7 @@ package devicemanager
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 
 	v1 "k8s.io/api/core/v1"
@@ -89,52 +90,46 @@ func (v *capacityView) lists() (capacity, allocatable v1.ResourceList, ok bool) 
 // answer, or takes it away while a registered resource has no running
 // plugin. Called, under m.mu, wherever a resource's devices, health,
 // registration or primary change. Expects m.mu held.
-func (m *ManagerImpl) publishCapacityLocked() {
+func (m *ManagerImpl) publishCapacityLocked() { m.capView.Store(m.viewLocked()) }
+
+// viewLocked returns the view of the current state; nil while a registered
+// resource has no running plugin. Expects m.mu held.
+func (m *ManagerImpl) viewLocked() *capacityView {
 	v := &capacityView{}
 	for name, r := range m.resources {
 		if !r.registered {
 			continue
 		}
 		if r.primary == nil || r.primary.IsStopped() {
-			m.capView.Store(nil)
-			return
+			return nil
 		}
 		v.names = append(v.names, v1.ResourceName(name))
 		v.capacity = append(v.capacity, int64(r.healthy.Len()+r.unhealthy.Len()))
 		v.allocatable = append(v.allocatable, int64(r.healthy.Len()))
 		v.primaries = append(v.primaries, r.primary)
 	}
-	m.capView.Store(v)
+	return v
 }
 
 // verifyCapacityView, set by the tests, makes every GetCapacity answered
-// from the view check, under m.mu, that the view is what the state gives.
+// from the view check, under m.mu, that the published view is the one the
+// state gives.
 var verifyCapacityView = false
 
 func (m *ManagerImpl) verifyCapacityView() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	v := m.capView.Load()
-	if v == nil {
-		return
+	published, current := m.capView.Load(), m.viewLocked()
+	if published == nil || current == nil {
+		return // a plugin stopped since: GetCapacity takes the lock next time
 	}
-	got, _, ok := v.lists()
+	gotCap, gotAlloc, ok := published.lists()
 	if !ok {
 		return
 	}
-	want := map[v1.ResourceName]int64{}
-	for name, r := range m.resources {
-		if r.registered {
-			want[v1.ResourceName(name)] = int64(r.healthy.Len()+r.unhealthy.Len())<<32 | int64(r.healthy.Len())
-		}
-	}
-	for i, name := range v.names {
-		if want[name] != v.capacity[i]<<32|v.allocatable[i] {
-			panic(fmt.Sprintf("capacity view of %s: %d/%d, state %d/%d", name, v.capacity[i], v.allocatable[i], want[name]>>32, want[name]&(1<<32-1)))
-		}
-	}
-	if len(want) != len(got) {
-		panic(fmt.Sprintf("capacity view names %d resources, the state %d", len(got), len(want)))
+	wantCap, wantAlloc, _ := current.lists()
+	if !maps.EqualFunc(gotCap, wantCap, resource.Quantity.Equal) || !maps.EqualFunc(gotAlloc, wantAlloc, resource.Quantity.Equal) {
+		panic(fmt.Sprintf("capacity view %v/%v, state %v/%v", gotCap, gotAlloc, wantCap, wantAlloc))
 	}
 }
 

@@ -430,9 +430,10 @@ func cloneDevices(devices []*pluginapi.Device) []*pluginapi.Device {
 		}
 		return true
 	}
+	isPlain := make([]bool, len(devices))
 	var nDevs, nTopos, nNodes int
-	for _, d := range devices {
-		if plain(d) {
+	for i, d := range devices {
+		if isPlain[i] = plain(d); isPlain[i] {
 			nDevs++
 			if d.Topology != nil {
 				nTopos++
@@ -446,7 +447,7 @@ func cloneDevices(devices []*pluginapi.Device) []*pluginapi.Device {
 	nodePtrs := make([]*pluginapi.NUMANode, nNodes)
 	out := make([]*pluginapi.Device, len(devices))
 	for i, d := range devices {
-		if !plain(d) {
+		if !isPlain[i] {
 			out[i] = proto.CloneOf(d) // nil stays nil
 			continue
 		}
