@@ -309,7 +309,7 @@ func (m *ManagerImpl) selectionInputLocked(podUID, container, name string, requi
 	}
 	if r != nil {
 		check.Registered = r.registered
-		check.Healthy = r.healthy
+		check.Healthy = healthySet{r}
 	}
 	needed, err := podstate.CheckRequest(check)
 	if err != nil || needed == 0 {

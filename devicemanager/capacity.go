@@ -37,8 +37,8 @@ func (m *ManagerImpl) GetCapacity() (capacity, allocatable v1.ResourceList, remo
 			removed = append(removed, name)
 			continue
 		}
-		capacity[v1.ResourceName(name)] = *resource.NewQuantity(int64(r.healthy.Len()+r.unhealthy.Len()), resource.DecimalSI)
-		allocatable[v1.ResourceName(name)] = *resource.NewQuantity(int64(r.healthy.Len()), resource.DecimalSI)
+		capacity[v1.ResourceName(name)] = *resource.NewQuantity(int64(r.healthyLen()+r.unhealthyLen()), resource.DecimalSI)
+		allocatable[v1.ResourceName(name)] = *resource.NewQuantity(int64(r.healthyLen()), resource.DecimalSI)
 	}
 	var gen uint64
 	if len(removed) > 0 {
@@ -104,8 +104,8 @@ func (m *ManagerImpl) viewLocked() *capacityView {
 			return nil
 		}
 		v.names = append(v.names, v1.ResourceName(name))
-		v.capacity = append(v.capacity, int64(r.healthy.Len()+r.unhealthy.Len()))
-		v.allocatable = append(v.allocatable, int64(r.healthy.Len()))
+		v.capacity = append(v.capacity, int64(r.healthyLen()+r.unhealthyLen()))
+		v.allocatable = append(v.allocatable, int64(r.healthyLen()))
 		v.primaries = append(v.primaries, r.primary)
 	}
 	return v
@@ -143,8 +143,6 @@ func (m *ManagerImpl) collectResourcesLocked(names []string) {
 		r := m.resources[name]
 		r.registered = false
 		r.primary = nil
-		r.healthy = sets.New[string]()
-		r.unhealthy = sets.New[string]()
 		r.healthySorted = nil
 		r.census = nil
 		r.lastList, r.order = nil, nil
@@ -163,11 +161,9 @@ func (m *ManagerImpl) GetAllocatableDevices() ResourceDeviceInstances {
 		if !r.registered || !r.listed {
 			continue
 		}
-		devs := make(DeviceInstances, r.healthy.Len())
-		for id := range r.healthy {
-			if d, ok := r.devices[id]; ok {
-				devs[id] = d
-			}
+		devs := make(DeviceInstances, r.healthyLen())
+		for id, d := range r.healthyDevices {
+			devs[id] = d
 		}
 		out[name] = devs
 	}

@@ -428,7 +428,7 @@ func newFuzzFixture(f *testing.F) *fuzzFixture {
 		fx.m.mu.Lock()
 		defer fx.m.mu.Unlock()
 		r := fx.m.resources[fuzzRes]
-		if r != nil && r.healthy.Len() == len(fx.base) {
+		if r != nil && r.healthyLen() == len(fx.base) {
 			fx.ep = r.primary
 		}
 		return fx.ep != nil
@@ -504,9 +504,13 @@ func (fx *fuzzFixture) check(t *testing.T, devs []*pluginapi.Device) {
 	m := fx.m
 	m.mu.Lock()
 	r := m.resources[fuzzRes]
-	healthy, unhealthy, known := r.healthy.Clone(), r.unhealthy.Clone(), sets.KeySet(r.devices)
+	healthy, unhealthy, wrong := healthIDs(r)
+	known := sets.KeySet(r.devices)
 	pending := m.ledger.Pending()
 	m.mu.Unlock()
+	if wrong != "" {
+		t.Fatal(wrong)
+	}
 	if both := healthy.Intersection(unhealthy); both.Len() > 0 {
 		t.Fatalf("devices both healthy and unhealthy: %q", sets.List(both))
 	}

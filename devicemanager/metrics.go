@@ -133,8 +133,8 @@ func (c deviceCollector) Collect(ch chan<- prometheus.Metric) {
 		if !r.registered {
 			continue
 		}
-		ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(r.healthy.Len()), name, "healthy")
-		ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(r.unhealthy.Len()), name, "unhealthy")
+		ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(r.healthyLen()), name, "healthy")
+		ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(r.unhealthyLen()), name, "unhealthy")
 	}
 	for _, name := range m.ledger.AllocatedResources() {
 		ch <- prometheus.MustNewConstMetric(allocatedDesc, prometheus.GaugeValue, float64(m.ledger.AllocatedCount(name)), name)

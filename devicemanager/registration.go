@@ -236,7 +236,7 @@ func (m *ManagerImpl) applyDevices(resource string, ep *endpoint.Endpoint, devs 
 	} else {
 		changed, healthyChanged = r.setDevices(devs)
 	}
-	healthy := r.healthy.Len()
+	healthy := r.healthyLen()
 	m.publishCapacityLocked()
 	// The owners of changed devices, gathered into one slice here and put
 	// in device ID order once the lock is released; only the few devices

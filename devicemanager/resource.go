@@ -28,9 +28,17 @@ type resourceState struct {
 	registered bool
 	// listed: some instance reported a device list (possibly empty).
 	listed bool
-	// devices is the last list any instance reported.
-	devices            map[string]*pluginapi.Device
-	healthy, unhealthy sets.Set[string]
+	// devices is the last list any instance reported. Health is read from
+	// the devices themselves, so that a flip changes one map entry instead
+	// of moving an ID between two sets: a device counts as healthy when its
+	// Health is exactly "Healthy", the resource is registered and its
+	// plugin is not gone (down); every other device counts as unhealthy.
+	// healthyN is the number of devices whose Health is "Healthy".
+	devices  map[string]*pluginapi.Device
+	healthyN int
+	// down: the plugin is gone; every device counts as unhealthy until the
+	// next list.
+	down bool
 	// sortedIDs caches the sorted IDs of devices, healthySorted the sorted
 	// healthy ones for the checkpoint; nil when stale.
 	sortedIDs     []string
@@ -68,10 +76,51 @@ func newResource(name string) *resourceState {
 		name:      name,
 		instances: map[string]*instance{},
 		devices:   map[string]*pluginapi.Device{},
-		healthy:   sets.New[string](),
-		unhealthy: sets.New[string](),
 	}
 }
+
+// healthyLen returns the number of devices that count as healthy.
+func (r *resourceState) healthyLen() int {
+	if !r.registered || r.down {
+		return 0
+	}
+	return r.healthyN
+}
+
+// unhealthyLen returns the number of devices that count as unhealthy.
+func (r *resourceState) unhealthyLen() int {
+	if !r.registered {
+		return 0
+	}
+	return len(r.devices) - r.healthyLen()
+}
+
+// isHealthy reports whether device id counts as healthy.
+func (r *resourceState) isHealthy(id string) bool {
+	if !r.registered || r.down {
+		return false
+	}
+	d := r.devices[id]
+	return d != nil && d.Health == pluginapi.Healthy
+}
+
+// healthyDevices yields the devices that count as healthy, in no order.
+func (r *resourceState) healthyDevices(yield func(string, *pluginapi.Device) bool) {
+	if r.healthyLen() == 0 {
+		return
+	}
+	for id, d := range r.devices {
+		if d.Health == pluginapi.Healthy && !yield(id, d) {
+			return
+		}
+	}
+}
+
+// healthySet presents the devices of r that count as healthy as a set.
+type healthySet struct{ r *resourceState }
+
+func (h healthySet) Len() int           { return h.r.healthyLen() }
+func (h healthySet) Has(id string) bool { return h.r.isHealthy(id) }
 
 // resourceLocked returns the record of name, creating it. Expects m.mu held.
 func (m *ManagerImpl) resourceLocked(name string) *resourceState {
@@ -92,7 +141,7 @@ func (r *resourceState) sortedHealthy() []string {
 	if r.healthySorted != nil {
 		return r.healthySorted
 	}
-	out := make([]string, 0, r.healthy.Len())
+	out := make([]string, 0, r.healthyLen())
 	if r.lastList != nil {
 		r.sortLastList()
 		for _, i := range r.order {
@@ -102,7 +151,7 @@ func (r *resourceState) sortedHealthy() []string {
 		}
 	} else {
 		for _, id := range r.sortedDeviceIDs() {
-			if r.healthy.Has(id) {
+			if r.isHealthy(id) {
 				out = append(out, id)
 			}
 		}
@@ -199,8 +248,7 @@ func (r *resourceState) applyList(devs []*pluginapi.Device, borrowed bool) (chan
 	if len(old) == 0 && len(list) > 0 {
 		changed = make([]string, 0, len(list)) // every device is new
 	}
-	healthy := make(sets.Set[string], len(devices))
-	unhealthy := sets.New[string]()
+	healthyN := 0
 	sameIDs := len(devices) == len(old)
 	for _, d := range list {
 		id := d.ID
@@ -212,22 +260,20 @@ func (r *resourceState) applyList(devs []*pluginapi.Device, borrowed bool) (chan
 			changed = append(changed, id)
 		}
 		if d.Health == pluginapi.Healthy {
-			healthy.Insert(id)
-		} else {
-			unhealthy.Insert(id)
+			healthyN++
 		}
 	}
 	// The healthy set changed iff its size did or some device entered or
 	// left it; a device that did either is new or changed health, unless
 	// its plugin was gone (markUnhealthy), which changes the size.
-	healthyChanged = !r.registered || healthy.Len() != r.healthy.Len()
+	healthyChanged = !r.registered || healthyN != r.healthyLen()
 	for _, id := range changed {
 		if healthyChanged {
 			break
 		}
-		healthyChanged = healthy.Has(id) != r.healthy.Has(id)
+		healthyChanged = (devices[id].Health == pluginapi.Healthy) != r.isHealthy(id)
 	}
-	r.devices, r.healthy, r.unhealthy = devices, healthy, unhealthy
+	r.devices, r.healthyN, r.down = devices, healthyN, false
 	r.lastList, r.order = nil, nil
 	if len(devices) == len(devs) {
 		r.lastList = slices.Clone(devs)
@@ -280,11 +326,9 @@ func (r *resourceState) updateInPlace(devs []*pluginapi.Device, borrowed bool) (
 		if nowHealthy := d.Health == pluginapi.Healthy; nowHealthy != (prev.Health == pluginapi.Healthy) {
 			healthyChanged = true
 			if nowHealthy {
-				r.unhealthy.Delete(d.ID)
-				r.healthy.Insert(d.ID)
+				r.healthyN++
 			} else {
-				r.healthy.Delete(d.ID)
-				r.unhealthy.Insert(d.ID)
+				r.healthyN--
 			}
 		}
 	}
@@ -337,11 +381,11 @@ func sameTopology(a, b *pluginapi.TopologyInfo) bool {
 // its devices still count in capacity but not in allocatable.
 func (r *resourceState) markUnhealthy() {
 	r.lastList, r.order = nil, nil
-	if r.healthy.Len() == 0 {
+	had := r.healthyLen()
+	r.down = true
+	if had == 0 {
 		return
 	}
-	r.unhealthy = r.unhealthy.Union(r.healthy)
-	r.healthy = sets.New[string]()
 	r.healthySorted = nil
 	r.census = nil
 }
@@ -350,7 +394,7 @@ func (r *resourceState) markUnhealthy() {
 // reservation holds. Expects m.mu held.
 func (m *ManagerImpl) availableLocked(r *resourceState) sets.Set[string] {
 	available := sets.New[string]()
-	for id := range r.healthy {
+	for id := range r.healthyDevices {
 		if !m.ledger.IsAllocated(r.name, id) {
 			available.Insert(id)
 		}
@@ -362,7 +406,7 @@ func (m *ManagerImpl) availableLocked(r *resourceState) sets.Set[string] {
 // the ledger allocates or frees a device. Called by the ledger, with m.mu
 // held.
 func (m *ManagerImpl) allocatedChanged(resource, id string, allocated bool) {
-	if r := m.resources[resource]; r != nil && r.census != nil && r.healthy.Has(id) {
+	if r := m.resources[resource]; r != nil && r.census != nil && r.isHealthy(id) {
 		r.census.SetAvailable(id, !allocated)
 	}
 }
@@ -371,7 +415,7 @@ func (m *ManagerImpl) allocatedChanged(resource, id string, allocated bool) {
 func (m *ManagerImpl) censusLocked(r *resourceState) *topology.Census {
 	if r.census == nil {
 		r.census = topology.NewCensus(r.devices, func(id string) bool {
-			return r.healthy.Has(id) && !m.ledger.IsAllocated(r.name, id)
+			return r.isHealthy(id) && !m.ledger.IsAllocated(r.name, id)
 		})
 	}
 	return r.census

@@ -22,8 +22,33 @@ type deviceState struct {
 	Registered, Listed bool
 }
 
+// healthIDs returns the IDs of r's devices that count as healthy and as
+// unhealthy, and what is wrong with r's counts of them ("" if nothing).
+func healthIDs(r *resourceState) (healthy, unhealthy sets.Set[string], wrong string) {
+	healthy, unhealthy = sets.New[string](), sets.New[string]()
+	n := 0
+	for id, d := range r.devices {
+		if d.Health == pluginapi.Healthy {
+			n++
+		}
+		switch {
+		case r.isHealthy(id):
+			healthy.Insert(id)
+		case r.registered:
+			unhealthy.Insert(id)
+		}
+	}
+	if n != r.healthyN || healthy.Len() != r.healthyLen() || unhealthy.Len() != r.unhealthyLen() {
+		wrong = fmt.Sprintf("counted %d healthy (%d count) and %d unhealthy; %d, %d and %d found",
+			r.healthyN, r.healthyLen(), r.unhealthyLen(), n, healthy.Len(), unhealthy.Len())
+	}
+	return healthy, unhealthy, wrong
+}
+
 func stateOf(t *testing.T, r *resourceState) deviceState {
-	st := deviceState{Devices: map[string]string{}, Healthy: sets.List(r.healthy), Unhealthy: sets.List(r.unhealthy),
+	healthy, unhealthy, wrong := healthIDs(r)
+	require.Empty(t, wrong)
+	st := deviceState{Devices: map[string]string{}, Healthy: sets.List(healthy), Unhealthy: sets.List(unhealthy),
 		SortedHealthy: r.sortedHealthy(), SortedIDs: r.sortedDeviceIDs(), Registered: r.registered, Listed: r.listed}
 	for id, d := range r.devices {
 		require.Equal(t, id, d.ID, "a device under another ID")
@@ -190,7 +215,8 @@ func TestUpdateInPlaceKeepsUnchanged(t *testing.T) {
 	assert.Equal(t, []string{"b"}, changed)
 	assert.True(t, healthyChanged)
 	assert.Equal(t, []string{"a"}, r.sortedHealthy())
-	assert.Equal(t, []string{"b", "c"}, sets.List(r.unhealthy))
+	_, unhealthy, _ := healthIDs(r)
+	assert.Equal(t, []string{"b", "c"}, sets.List(unhealthy))
 }
 
 // BenchmarkSetDevicesFirstList applies the first list of a plugin with

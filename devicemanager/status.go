@@ -55,8 +55,8 @@ func (m *ManagerImpl) Status() []ResourceStatus {
 		}
 		rs := ResourceStatus{
 			Name:                   name,
-			Capacity:               r.healthy.Len() + r.unhealthy.Len(),
-			Allocatable:            r.healthy.Len(),
+			Capacity:               r.healthyLen() + r.unhealthyLen(),
+			Allocatable:            r.healthyLen(),
 			Allocated:              m.ledger.AllocatedCount(name),
 			Free:                   m.availableLocked(r).Len(),
 			RestoredFromCheckpoint: !r.listed,
@@ -64,7 +64,7 @@ func (m *ManagerImpl) Status() []ResourceStatus {
 		for _, id := range sets.List(sets.KeySet(r.devices)) {
 			d := r.devices[id]
 			health := d.GetHealth()
-			if !r.healthy.Has(id) && health == pluginapi.Healthy {
+			if health == pluginapi.Healthy && !r.isHealthy(id) {
 				health = pluginapi.Unhealthy // the plugin is gone
 			}
 			ds := DeviceStatus{ID: id, Health: health, Allocated: m.ledger.IsAllocated(name, id)}

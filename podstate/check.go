@@ -9,10 +9,16 @@ type RequestCheck struct {
 	Required                        int              // the container's request
 	Held                            sets.Set[string] // Ledger.ContainerDevices; nil: no record
 	Registered                      bool             // a device set exists for the resource (healthy may be empty)
-	Healthy                         sets.Set[string] // healthy device IDs
+	Healthy                         DeviceSet        // healthy device IDs; nil: none
 	// AlreadyRunning: the sources are not ready yet and the container was
 	// found running at start (SPEC §3.3 step 2, §3.9): skip the health checks.
 	AlreadyRunning bool
+}
+
+// DeviceSet is a set of device IDs; a sets.Set[string] is one.
+type DeviceSet interface {
+	Len() int
+	Has(id string) bool
 }
 
 // CheckRequest runs the pre-checks in the kubelet's order and returns how many
@@ -42,10 +48,13 @@ func CheckRequest(c RequestCheck) (needed int, err error) {
 	switch {
 	case !c.Registered:
 		return 0, &ResourceError{Resource: c.Resource, Err: ErrUnregisteredResource}
-	case c.Healthy.Len() == 0:
+	case c.Healthy == nil || c.Healthy.Len() == 0:
 		return 0, &ResourceError{Resource: c.Resource, Err: ErrNoHealthyDevices}
-	case c.Held != nil && !c.Healthy.IsSuperset(c.Held):
-		return 0, &ResourceError{Resource: c.Resource, Err: ErrAllocatedDeviceUnhealthy}
+	}
+	for id := range c.Held {
+		if !c.Healthy.Has(id) {
+			return 0, &ResourceError{Resource: c.Resource, Err: ErrAllocatedDeviceUnhealthy}
+		}
 	}
 	return needed, nil
 }
