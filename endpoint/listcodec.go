@@ -36,6 +36,11 @@ type listCodec struct {
 	spans []span
 	devs  []*pluginapi.Device
 	spare []span
+	// bufs are two arrays that take the messages in turn, so that one can
+	// hold prev while the other takes the next message; turn is the one
+	// that took the last.
+	bufs [2][]byte
+	turn int
 	// lastSize is the size of the last device list decoded.
 	lastSize int
 	// topologies are the topologies decoded so far, by encoding.
@@ -92,7 +97,8 @@ func (c *listCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	if !ok {
 		return c.proto.Unmarshal(data, v)
 	}
-	raw := data.Materialize()
+	raw := c.buffer(data.Len())
+	data.CopyTo(raw)
 	c.lastSize = len(raw)
 	spans, ok := deviceSpans(raw, c.spare[:0])
 	if !ok {
@@ -149,6 +155,23 @@ func (c *listCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	return nil
 }
 
+// buffer returns an array of n bytes for the next message: the one of bufs
+// that does not hold prev, unless it is too small, or so large that keeping
+// it would waste more than it saves.
+func (c *listCodec) buffer(n int) []byte {
+	c.turn ^= 1
+	b := c.bufs[c.turn]
+	if cap(b) < n || cap(b)/4 > n+minKeptBuffer {
+		b = make([]byte, n)
+		c.bufs[c.turn] = b
+	}
+	return b[:n]
+}
+
+// minKeptBuffer is the size up to which a message's array is kept for a
+// later message however small.
+const minKeptBuffer = 64 << 10
+
 // same reports whether span s of raw encodes what the previous message
 // encoded at place i.
 func (c *listCodec) same(raw []byte, s span, i int) bool {
@@ -170,44 +193,57 @@ func (c *listCodec) reset() { c.prev, c.spans, c.devs = nil, nil, nil }
 // encoded ListAndWatchResponse; false unless b holds only well-formed device
 // fields (field 1, length-delimited).
 func deviceSpans(b []byte, spans []span) ([]span, bool) {
-	if n := countFields(b); cap(spans) < n {
+	if n := countDevices(b); cap(spans) < n {
 		spans = make([]span, 0, n)
 	}
-	off := 0
-	for off < len(b) {
-		num, typ, n := protowire.ConsumeTag(b[off:])
-		if n < 0 || num != 1 || typ != protowire.BytesType {
+	for off := 0; off < len(b); {
+		start, end, ok := nextDevice(b, off)
+		if !ok {
 			return nil, false
 		}
-		off += n
-		v, n := protowire.ConsumeBytes(b[off:])
-		if n < 0 {
-			return nil, false
-		}
-		start := off + n - len(v)
-		off += n
-		spans = append(spans, span{start, off})
+		spans = append(spans, span{start, end})
+		off = end
 	}
 	return spans, true
 }
 
-// countFields returns how many length-delimited fields b starts with, up to
-// the first that is not one or does not parse.
-func countFields(b []byte) int {
+// countDevices returns how many well-formed device fields b starts with.
+func countDevices(b []byte) int {
 	n := 0
-	for len(b) > 0 {
-		_, typ, k := protowire.ConsumeTag(b)
-		if k < 0 || typ != protowire.BytesType {
+	for off := 0; off < len(b); n++ {
+		_, end, ok := nextDevice(b, off)
+		if !ok {
 			break
 		}
-		_, m := protowire.ConsumeBytes(b[k:])
-		if m < 0 {
-			break
-		}
-		b = b[k+m:]
-		n++
+		off = end
 	}
 	return n
+}
+
+// deviceTag is the one-byte tag of a device in a ListAndWatchResponse.
+const deviceTag = 1<<3 | byte(protowire.BytesType)
+
+// nextDevice returns where the value of the device field at b[off:] (off <
+// len(b)) lies, its end being where the next field starts; false unless a
+// well-formed device field starts there.
+func nextDevice(b []byte, off int) (start, end int, ok bool) {
+	// Nearly always the tag is one byte and so is the length: a device's
+	// encoding is under 128 bytes.
+	if b[off] == deviceTag && off+1 < len(b) && b[off+1] < 0x80 {
+		start = off + 2
+		end = start + int(b[off+1])
+		return start, end, end <= len(b)
+	}
+	num, typ, n := protowire.ConsumeTag(b[off:])
+	if n < 0 || num != 1 || typ != protowire.BytesType {
+		return 0, 0, false
+	}
+	v, m := protowire.ConsumeBytes(b[off+n:])
+	if m < 0 {
+		return 0, 0, false
+	}
+	end = off + n + m
+	return end - len(v), end, true
 }
 
 // decodeDevice decodes b, the encoding of one Device, into d (new) when it

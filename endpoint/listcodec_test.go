@@ -433,3 +433,39 @@ func TestListCodecKeepsNoReplacedDevice(t *testing.T) {
 	assert.NotNil(t, last[len(last)-1].Value(), "the codec's current device was collected")
 	runtime.KeepAlive(c)
 }
+
+// The codec copies each message into one of two arrays it keeps, the one not
+// holding the previous message; after a very large message it does not keep
+// that array for small ones.
+func TestListCodecMessageArrays(t *testing.T) {
+	encode := func(n int) mem.BufferSlice {
+		devs := make([]*pluginapi.Device, n)
+		for i := range devs {
+			devs[i] = &pluginapi.Device{ID: fmt.Sprintf("GPU-%08x-aaaa-bbbb-cccc-%012d", i, i), Health: pluginapi.Healthy}
+		}
+		raw, err := proto.Marshal(&pluginapi.ListAndWatchResponse{Devices: devs})
+		require.NoError(t, err)
+		// Two buffers, as gRPC hands a message that spans frames.
+		return mem.BufferSlice{mem.SliceBuffer(raw[:len(raw)/2]), mem.SliceBuffer(raw[len(raw)/2:])}
+	}
+	c := newListCodec()
+	decode := func(data mem.BufferSlice) []byte {
+		msg := &pluginapi.ListAndWatchResponse{}
+		require.NoError(t, c.Unmarshal(data, msg))
+		require.Equal(t, data.Materialize(), c.prev, "the message kept for the next one")
+		return c.prev
+	}
+	small := encode(100)
+	a, b := decode(small), decode(small)
+	assert.NotSame(t, &a[0], &b[0], "two messages in a row share an array")
+	assert.Same(t, &a[0], &decode(small)[0], "the first array was not reused")
+
+	large := encode(20000)
+	decode(large)
+	decode(large)
+	decode(small)
+	decode(small)
+	for i, buf := range c.bufs {
+		assert.LessOrEqual(t, cap(buf), 4*(len(small.Materialize())+minKeptBuffer), "array %d kept after a large message", i)
+	}
+}
