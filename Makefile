@@ -14,7 +14,7 @@ BENCH           ?= .
 BENCHRUNS       ?= 5
 PKGS            ?= ./...
 
-.PHONY: all test vet lint fmt fmt-write tidy bench bench-compare fuzz verify interop reliability tools clean
+.PHONY: all test vet lint fmt fmt-write tidy bench bench-compare bench-check fuzz verify interop reliability tools clean
 
 all: verify test
 
@@ -53,6 +53,15 @@ bench:
 ## a module of its own, so the library never depends on k8s.io/kubernetes.
 bench-compare:
 	cd bench && $(GO) run . compare -runs $(BENCHRUNS) -out ../docs/PERFORMANCE.md
+
+## bench-check: bench/ (a module of its own, which make test does not reach)
+## is tidy, passes go vet and its tests, which run every workload once against
+## devmgr, so that a change to the library cannot break make bench-compare
+## unnoticed. The first run downloads
+## k8s.io/kubernetes and its dependencies (about 500 MB) and builds them
+## (two to three minutes on two CPUs).
+bench-check:
+	cd bench && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 ## fuzz: every fuzz target for FUZZTIME each.
 fuzz:
