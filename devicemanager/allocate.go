@@ -318,21 +318,18 @@ func (m *ManagerImpl) selectionInputLocked(podUID, container, name string, requi
 	if r.primary == nil {
 		return podstate.SelectInput{}, nil, &admissionError{msg: "unknown Device Plugin " + name, sentinel: ErrUnknownPlugin}
 	}
-	available := m.availableLocked(r)
 	var reusable []string
 	if pool := m.reuse[podUID][name]; pool.Len() > 0 {
 		reusable = sets.List(pool)
 	}
+	var available sets.Set[string]
 	var tiers topology.Tiers
 	if affinity == nil {
 		// Without an affinity every device is in one tier, in ID order:
-		// filtered from the sorted IDs the resource keeps, not sorted again.
-		for _, id := range r.sortedDeviceIDs() {
-			if available.Has(id) {
-				tiers.NoTopology = append(tiers.NoTopology, id)
-			}
-		}
+		// taken from the sorted IDs the resource keeps, not sorted again.
+		available, tiers.NoTopology = m.availableSortedLocked(r)
 	} else {
+		available = m.availableLocked(r)
 		tiers = topology.FilterByAffinity(affinity, r.devices, available)
 	}
 	return podstate.SelectInput{

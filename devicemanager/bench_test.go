@@ -234,3 +234,30 @@ func BenchmarkAdmitTwoResources(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSelectionInput builds what device selection works from for a
+// container asking for one device of a resource with 10,000 devices, 1,000
+// of them held by pods and 1,000 unhealthy, with no NUMA affinity: the part
+// of every admission that grows with the resource's devices.
+func BenchmarkSelectionInput(b *testing.B) {
+	h := newHarness(b, quiet).start()
+	devs := numbered("dev", 10000)
+	for i := range 1000 {
+		devs[len(devs)-1-i].Health = pluginapi.Unhealthy
+	}
+	h.registered(res1, devs)
+	for i := range 1000 {
+		pod := newPod(fmt.Sprintf("pod-%04d", i), ctr("app", res1, 1))
+		h.pods.add(pod)
+		require0(b, h.m.Allocate(context.Background(), pod, &pod.Spec.Containers[0]))
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		h.m.mu.Lock()
+		in, _, err := h.m.selectionInputLocked("probe", "app", res1, 1, nil)
+		h.m.mu.Unlock()
+		if err != nil || len(in.Tiers.NoTopology) != 8000 {
+			b.Fatalf("%d free devices listed, error %v", len(in.Tiers.NoTopology), err)
+		}
+	}
+}

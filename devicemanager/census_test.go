@@ -3,6 +3,7 @@ package devicemanager
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -49,7 +50,14 @@ func TestHintsCensusStaysExact(t *testing.T) {
 					}
 				}
 			}
-			p.Update(devs)
+			list := devs
+			if rng.IntN(2) == 0 {
+				// A repeated device: the manager keeps no list in order
+				// and walks its map instead.
+				dup := &pluginapi.Device{ID: devs[0].ID, Health: devs[0].Health, Topology: devs[0].Topology}
+				list = append(slices.Clone(devs), dup)
+			}
+			p.Update(list)
 			want := countHealthy(devs)
 			h.eventually(func() bool { _, a := h.capacity(res1); return a == int64(want) }, "update applied")
 		}
@@ -65,5 +73,26 @@ func TestHintsCensusStaysExact(t *testing.T) {
 			h.m.mu.Unlock()
 			require.Equal(t, want, got, "step %d request %d", step, request)
 		}
+		checkAvailable(t, h.m, res1)
 	}
+}
+
+// checkAvailable compares the manager's free devices of resource, as a set
+// and in ID order, with a count from scratch.
+func checkAvailable(t *testing.T, m *ManagerImpl, resource string) {
+	t.Helper()
+	m.mu.Lock()
+	r := m.resources[resource]
+	var want []string
+	for _, id := range sets.List(sets.KeySet(r.devices)) {
+		if r.devices[id].Health == pluginapi.Healthy && !m.ledger.IsAllocated(resource, id) {
+			want = append(want, id)
+		}
+	}
+	set, sorted := m.availableSortedLocked(r)
+	plain := m.availableLocked(r)
+	m.mu.Unlock()
+	require.True(t, slices.Equal(want, sorted), "free devices in order %q, want %q", sorted, want)
+	require.True(t, set.Equal(sets.New(want...)), "free devices %q, want %q", sets.List(set), want)
+	require.True(t, plain.Equal(sets.New(want...)), "free devices %q, want %q", sets.List(plain), want)
 }

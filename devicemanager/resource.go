@@ -393,13 +393,47 @@ func (r *resourceState) markUnhealthy() {
 // availableLocked returns the healthy devices of r that no record or
 // reservation holds. Expects m.mu held.
 func (m *ManagerImpl) availableLocked(r *resourceState) sets.Set[string] {
-	available := sets.New[string]()
+	allocated := m.ledger.AllocatedIn(r.name)
+	available := make(sets.Set[string], max(0, r.healthyLen()-m.ledger.AllocatedCount(r.name)))
 	for id := range r.healthyDevices {
-		if !m.ledger.IsAllocated(r.name, id) {
+		if !allocated(id) {
 			available.Insert(id)
 		}
 	}
 	return available
+}
+
+// availableSortedLocked is availableLocked with the same IDs in ID order,
+// found in one walk of the sorted devices. Expects m.mu held.
+func (m *ManagerImpl) availableSortedLocked(r *resourceState) (sets.Set[string], []string) {
+	n := max(0, r.healthyLen()-m.ledger.AllocatedCount(r.name))
+	available, sorted := make(sets.Set[string], n), make([]string, 0, n)
+	if r.healthyLen() == 0 {
+		return available, sorted
+	}
+	allocated := m.ledger.AllocatedIn(r.name)
+	add := func(id string) {
+		if !allocated(id) {
+			available.Insert(id)
+			sorted = append(sorted, id)
+		}
+	}
+	if r.lastList != nil {
+		// The devices in ID order, their health read from the list.
+		r.sortLastList()
+		for _, i := range r.order {
+			if d := r.lastList[i]; d.Health == pluginapi.Healthy {
+				add(d.ID)
+			}
+		}
+		return available, sorted
+	}
+	for _, id := range r.sortedDeviceIDs() {
+		if r.isHealthy(id) {
+			add(id)
+		}
+	}
+	return available, sorted
 }
 
 // allocatedChanged keeps the census of the device's resource up to date when
