@@ -511,9 +511,6 @@ func (fx *fuzzFixture) check(t *testing.T, devs []*pluginapi.Device) {
 	if wrong != "" {
 		t.Fatal(wrong)
 	}
-	if both := healthy.Intersection(unhealthy); both.Len() > 0 {
-		t.Fatalf("devices both healthy and unhealthy: %q", sets.List(both))
-	}
 	if !healthy.Equal(wantHealthy) || !unhealthy.Equal(wantUnhealthy) || !known.Equal(sets.KeySet(want)) {
 		t.Fatalf("healthy %q unhealthy %q known %q; the list says healthy %q unhealthy %q",
 			sets.List(healthy), sets.List(unhealthy), sets.List(known), sets.List(wantHealthy), sets.List(wantUnhealthy))

@@ -48,9 +48,9 @@ type resourceState struct {
 	// devices are allocated and released).
 	census *topology.Census
 	// lastList is the last device list, in the plugin's order, holding the
-	// very *Device values of devices (so no duplicate ID, no nil), with
-	// healthy and unhealthy matching their health; nil when that does not
-	// hold. A plugin resends its whole list on every change, nearly always
+	// very *Device values of devices (so no duplicate ID, no nil), its
+	// devices counting as healthy exactly when their Health says so (the
+	// plugin is not gone); nil when that does not hold. A plugin resends its whole list on every change, nearly always
 	// in the same order: an update that lists the same IDs in that order is
 	// applied in place, in one pass with no map built (see updateInPlace).
 	lastList []*pluginapi.Device
@@ -208,8 +208,8 @@ func (r *resourceState) adoptOrder(list []*pluginapi.Device, order []int32, ids 
 
 // setDevices replaces the device list with devs and returns the IDs whose
 // health changed or that are new (the kubelet notifies their owners), in no
-// particular order, and whether the healthy set changed. It costs one pass over the list; the
-// IDs are sorted again only when their set changed.
+// particular order, and whether the healthy set changed. It costs one pass
+// over the list; the IDs are sorted again only when their set changed.
 func (r *resourceState) setDevices(devs []*pluginapi.Device) (changed []string, healthyChanged bool) {
 	return r.applyList(devs, false)
 }
@@ -292,9 +292,9 @@ func (r *resourceState) applyList(devs []*pluginapi.Device, borrowed bool) (chan
 
 // updateInPlace applies devs when it lists the same IDs as lastList, in the
 // same order: only the devices whose health or topology differ are
-// replaced, and only those whose health differs move between the healthy
-// and unhealthy sets and are returned in changed. ok is false, and nothing
-// is touched, when the list differs in any other way.
+// replaced, and only those whose health differs change the healthy count
+// and are returned in changed. ok is false, and nothing is touched, when
+// the list differs in any other way.
 func (r *resourceState) updateInPlace(devs []*pluginapi.Device, borrowed bool) (changed []string, healthyChanged bool, ok bool) {
 	if r.lastList == nil || !r.listed || len(devs) != len(r.lastList) {
 		return nil, false, false

@@ -10,6 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/util/sets"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/openkubelet/devmgr/podstate"
 )
 
 // deviceState is what a resource's device lists amount to, for comparing two
@@ -281,4 +283,137 @@ func BenchmarkSnapshotLists(b *testing.B) {
 			}
 		}
 	})
+}
+
+// refModel is what one resource's device health amounts to, kept the plain
+// way: the last list's health per ID, whether the resource is registered,
+// and whether its plugin is gone.
+type refModel struct {
+	registered, down bool
+	devices          map[string]string
+}
+
+func (m *refModel) healthy() sets.Set[string] {
+	s := sets.New[string]()
+	if !m.registered || m.down {
+		return s
+	}
+	for id, h := range m.devices {
+		if h == pluginapi.Healthy {
+			s.Insert(id)
+		}
+	}
+	return s
+}
+
+// Over random sequences of lists (in place or not, lent or not, with
+// repeated IDs and health strings the API does not define), plugins gone,
+// resources retired and restored from the checkpoint, the resource counts,
+// lists and reports healthy and free devices as the plain model does, and
+// reports every change of its healthy set.
+func TestResourceMatchesModel(t *testing.T) {
+	healths := []string{pluginapi.Healthy, pluginapi.Unhealthy, "Bogus"}
+	for seed := uint64(0); seed < 3000; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 1))
+		m := &ManagerImpl{resources: map[string]*resourceState{}, ledger: podstate.NewLedger()}
+		r := newResource("res")
+		m.resources["res"] = r
+		ref := &refModel{devices: map[string]string{}}
+		if rng.IntN(4) == 0 { // restored from checkpoint
+			r.registered = true
+			ref.registered = true
+		}
+		var last []*pluginapi.Device
+		var log []string
+		for step := 0; step < 30; step++ {
+			var op string
+			switch k := rng.IntN(10); {
+			case k < 6:
+				var devs []*pluginapi.Device
+				if last != nil && rng.IntN(2) == 0 { // same IDs same order: in place
+					for _, d := range last {
+						if rng.IntN(3) == 0 {
+							d = &pluginapi.Device{ID: d.ID, Health: healths[rng.IntN(3)]}
+						}
+						devs = append(devs, d)
+					}
+				} else {
+					for range rng.IntN(6) {
+						devs = append(devs, &pluginapi.Device{ID: fmt.Sprintf("d%d", rng.IntN(8)), Health: healths[rng.IntN(3)]})
+					}
+				}
+				oldHealthy := ref.healthy()
+				wasReg := ref.registered
+				ref.devices = map[string]string{}
+				for _, d := range devs {
+					ref.devices[d.ID] = d.Health
+				}
+				ref.registered, ref.down = true, false
+				borrowed := rng.IntN(2) == 0
+				var hc bool
+				if borrowed {
+					_, hc = r.setBorrowedDevices(devs)
+				} else {
+					_, hc = r.setDevices(devs)
+				}
+				op = fmt.Sprintf("list%v(b=%v)", devIDs(devs), borrowed)
+				// A first list always counts as a change; any other must
+				// say so when the healthy set changed.
+				if wasReg && !oldHealthy.Equal(ref.healthy()) && !hc {
+					t.Fatalf("seed %d %v %s: healthy set changed %v->%v, healthyChanged false", seed, log, op, sets.List(oldHealthy), sets.List(ref.healthy()))
+				}
+				last = devs
+				if list, byID := r.unsortedList(); byID != nil && rng.IntN(2) == 0 {
+					order, ids := sortByID(byID)
+					r.adoptOrder(list, order, ids)
+				}
+			case k < 8:
+				op = "gone"
+				r.markUnhealthy()
+				ref.down = true
+				last = nil
+			case k < 9:
+				if r.registered {
+					op = "retire"
+					m.collectResourcesLocked([]string{"res"})
+					ref.registered = false
+					last = nil
+				}
+			default:
+				op = "read"
+				r.sortedHealthy()
+				m.censusLocked(r)
+			}
+			log = append(log, op)
+			want := ref.healthy()
+			wantCap := 0
+			if ref.registered {
+				wantCap = len(ref.devices)
+			}
+			if r.healthyLen() != want.Len() || r.healthyLen()+r.unhealthyLen() != wantCap {
+				t.Fatalf("seed %d %v: healthy %d unhealthy %d, want healthy %d capacity %d", seed, log, r.healthyLen(), r.unhealthyLen(), want.Len(), wantCap)
+			}
+			if got := r.sortedHealthy(); !slices.Equal(got, sets.List(want)) {
+				t.Fatalf("seed %d %v: sortedHealthy %v want %v", seed, log, got, sets.List(want))
+			}
+			set, sorted := m.availableSortedLocked(r)
+			if !slices.Equal(sorted, sets.List(want)) || !set.Equal(want) || !m.availableLocked(r).Equal(want) {
+				t.Fatalf("seed %d %v: available %v want %v", seed, log, sorted, sets.List(want))
+			}
+			for id := range ref.devices {
+				if r.isHealthy(id) != want.Has(id) {
+					t.Fatalf("seed %d %v: isHealthy(%s)", seed, log, id)
+				}
+			}
+		}
+	}
+}
+
+// devIDs describes a list for failure messages: ID and health's initial.
+func devIDs(devs []*pluginapi.Device) []string {
+	var s []string
+	for _, d := range devs {
+		s = append(s, d.ID+":"+d.Health[:1])
+	}
+	return s
 }

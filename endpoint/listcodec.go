@@ -156,20 +156,22 @@ func (c *listCodec) Unmarshal(data mem.BufferSlice, v any) error {
 }
 
 // buffer returns an array of n bytes for the next message: the one of bufs
-// that does not hold prev, unless it is too small, or so large that keeping
-// it would waste more than it saves.
+// that does not hold prev, replaced when it is smaller than n or larger
+// than 4*(n+minKeptBuffer), so that a huge list's arrays go once smaller
+// lists follow. Each array is replaced on its own turn: after one huge
+// message and one small, a stream that falls quiet keeps one huge array.
 func (c *listCodec) buffer(n int) []byte {
 	c.turn ^= 1
 	b := c.bufs[c.turn]
-	if cap(b) < n || cap(b)/4 > n+minKeptBuffer {
+	if cap(b) < n || cap(b) > 4*(n+minKeptBuffer) {
 		b = make([]byte, n)
 		c.bufs[c.turn] = b
 	}
 	return b[:n]
 }
 
-// minKeptBuffer is the size up to which a message's array is kept for a
-// later message however small.
+// minKeptBuffer: an array is kept for any message if it is no larger than
+// four times this.
 const minKeptBuffer = 64 << 10
 
 // same reports whether span s of raw encodes what the previous message

@@ -138,6 +138,8 @@ func TestListCodecOtherMessages(t *testing.T) {
 		"wrong wire type":  {0x08, 0x01},
 		"invalid UTF-8 ID": badUTF8,
 		"device not a msg": {0x0a, 0x02, 0xff, 0xff},
+		"lone tag":         {0x0a},
+		"trailing tag":     append(append([]byte{}, good...), 0x0a),
 	}
 	for name, raw := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -165,8 +167,10 @@ func TestListCodecOtherMessages(t *testing.T) {
 	assert.Equal(t, raw, out.Materialize())
 }
 
-// FuzzListCodec decodes two messages in a row with one codec and checks each
-// against proto.Unmarshal.
+// FuzzListCodec decodes two messages in turn, four times in a row, with one
+// codec and checks each against proto.Unmarshal, and every earlier result
+// again after each decode: from the third on, a message goes into an array
+// an earlier one was in.
 func FuzzListCodec(f *testing.F) {
 	a := []*pluginapi.Device{{ID: "a", Health: pluginapi.Healthy}, {ID: "b", Health: pluginapi.Unhealthy,
 		Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: 1}}}}}
@@ -177,11 +181,78 @@ func FuzzListCodec(f *testing.F) {
 	f.Add(ra, rb)
 	f.Add(ra, ra[:len(ra)-1])
 	f.Add([]byte{}, ra)
+	f.Add([]byte{0x0a}, ra)
+	f.Add(append(append([]byte{}, ra...), 0x0a), ra)
 	f.Fuzz(func(t *testing.T, first, second []byte) {
 		c := newListCodec()
-		decodeBoth(t, c, first)
-		decodeBoth(t, c, second)
+		var raws [][]byte
+		var got []*pluginapi.ListAndWatchResponse
+		for _, raw := range [][]byte{first, second, first, second} {
+			raws = append(raws, raw)
+			got = append(got, decodeBoth(t, c, raw))
+			for i, g := range got {
+				if g == nil {
+					continue // refused, as proto.Unmarshal refuses it
+				}
+				want := &pluginapi.ListAndWatchResponse{}
+				require.NoError(t, proto.Unmarshal(raws[i], want))
+				require.True(t, proto.Equal(want, g), "message %d changed after later ones were decoded", i)
+			}
+		}
 	})
+}
+
+// Nothing the codec hands out points into the arrays it copies messages
+// into and later reuses, nor into gRPC's buffers: every message decoded in
+// a long sequence (health strings the API does not define, topologies too
+// large to share, unknown fields in the message or in a device, which go to
+// proto.Unmarshal) stays what proto.Unmarshal made of it.
+func TestListCodecKeepsNothingOfItsArrays(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	c := newListCodec()
+	type decoded struct {
+		got, want *pluginapi.ListAndWatchResponse
+	}
+	var all []decoded
+	for step := range 400 {
+		devs := make([]*pluginapi.Device, rng.IntN(6))
+		for i := range devs {
+			d := &pluginapi.Device{
+				ID:     fmt.Sprintf("id-%d-%d", step%3, i),
+				Health: []string{pluginapi.Healthy, pluginapi.Unhealthy, fmt.Sprintf("h%d", step)}[rng.IntN(3)],
+			}
+			if rng.IntN(2) == 0 {
+				nodes := make([]*pluginapi.NUMANode, 1+rng.IntN(30)) // some over maxTopologyBytes
+				for j := range nodes {
+					nodes[j] = &pluginapi.NUMANode{ID: int64(rng.IntN(3))}
+				}
+				d.Topology = &pluginapi.TopologyInfo{Nodes: nodes}
+			}
+			devs[i] = d
+		}
+		raw := marshal(t, devs)
+		switch rng.IntN(4) {
+		case 0: // an unknown field in the message: proto.Unmarshal for all of it
+			raw = protowire.AppendBytes(protowire.AppendTag(raw, 9, protowire.BytesType), fmt.Appendf(nil, "junk%d", step))
+		case 1: // an unknown field in a device: proto.Unmarshal for that device
+			if len(devs) > 0 {
+				b, err := proto.Marshal(devs[0])
+				require.NoError(t, err)
+				b = protowire.AppendBytes(protowire.AppendTag(b, 9, protowire.BytesType), fmt.Appendf(nil, "junk%d", step))
+				raw = protowire.AppendBytes(protowire.AppendTag(raw, 1, protowire.BytesType), b)
+			}
+		}
+		want := &pluginapi.ListAndWatchResponse{}
+		require.NoError(t, proto.Unmarshal(raw, want))
+		got := decodeBoth(t, c, raw)
+		all = append(all, decoded{got, want})
+		for i, d := range all {
+			require.True(t, proto.Equal(d.want, d.got), "step %d: message %d changed", step, i)
+		}
+		for i := range raw {
+			raw[i] = 0xee // gRPC reuses its buffers
+		}
+	}
 }
 
 // BenchmarkListCodec decodes a list of 10,000 GPU-style devices: the first
