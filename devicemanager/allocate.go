@@ -322,14 +322,12 @@ func (m *ManagerImpl) selectionInputLocked(podUID, container, name string, requi
 	if pool := m.reuse[podUID][name]; pool.Len() > 0 {
 		reusable = sets.List(pool)
 	}
-	var available sets.Set[string]
+	available, sorted := m.availableLocked(r)
 	var tiers topology.Tiers
 	if affinity == nil {
-		// Without an affinity every device is in one tier, in ID order:
-		// taken from the sorted IDs the resource keeps, not sorted again.
-		available, tiers.NoTopology = m.availableSortedLocked(r)
+		// Without an affinity every device is in one tier, in ID order.
+		tiers.NoTopology = sorted
 	} else {
-		available = m.availableLocked(r)
 		tiers = topology.FilterByAffinity(affinity, r.devices, available)
 	}
 	return podstate.SelectInput{

@@ -37,7 +37,7 @@ func (m *ManagerImpl) GetCapacity() (capacity, allocatable v1.ResourceList, remo
 			removed = append(removed, name)
 			continue
 		}
-		capacity[v1.ResourceName(name)] = *resource.NewQuantity(int64(r.healthyLen()+r.unhealthyLen()), resource.DecimalSI)
+		capacity[v1.ResourceName(name)] = *resource.NewQuantity(int64(r.capacityLen()), resource.DecimalSI)
 		allocatable[v1.ResourceName(name)] = *resource.NewQuantity(int64(r.healthyLen()), resource.DecimalSI)
 	}
 	var gen uint64
@@ -104,7 +104,7 @@ func (m *ManagerImpl) viewLocked() *capacityView {
 			return nil
 		}
 		v.names = append(v.names, v1.ResourceName(name))
-		v.capacity = append(v.capacity, int64(r.healthyLen()+r.unhealthyLen()))
+		v.capacity = append(v.capacity, int64(r.capacityLen()))
 		v.allocatable = append(v.allocatable, int64(r.healthyLen()))
 		v.primaries = append(v.primaries, r.primary)
 	}

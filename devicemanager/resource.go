@@ -50,9 +50,10 @@ type resourceState struct {
 	// lastList is the last device list, in the plugin's order, holding the
 	// very *Device values of devices (so no duplicate ID, no nil), its
 	// devices counting as healthy exactly when their Health says so (the
-	// plugin is not gone); nil when that does not hold. A plugin resends its whole list on every change, nearly always
-	// in the same order: an update that lists the same IDs in that order is
-	// applied in place, in one pass with no map built (see updateInPlace).
+	// plugin is not gone); nil when that does not hold. A plugin resends
+	// its whole list on every change, nearly always in the same order: an
+	// update that lists the same IDs in that order is applied in place, in
+	// one pass with no map built (see updateInPlace).
 	lastList []*pluginapi.Device
 	// order is lastList's indices in ID order; nil when stale, and always
 	// when lastList is nil. An update applied in place keeps it.
@@ -87,13 +88,16 @@ func (r *resourceState) healthyLen() int {
 	return r.healthyN
 }
 
-// unhealthyLen returns the number of devices that count as unhealthy.
-func (r *resourceState) unhealthyLen() int {
+// capacityLen returns the number of devices that count in capacity.
+func (r *resourceState) capacityLen() int {
 	if !r.registered {
 		return 0
 	}
-	return len(r.devices) - r.healthyLen()
+	return len(r.devices)
 }
+
+// unhealthyLen returns the number of devices that count as unhealthy.
+func (r *resourceState) unhealthyLen() int { return r.capacityLen() - r.healthyLen() }
 
 // isHealthy reports whether device id counts as healthy.
 func (r *resourceState) isHealthy(id string) bool {
@@ -391,46 +395,17 @@ func (r *resourceState) markUnhealthy() {
 }
 
 // availableLocked returns the healthy devices of r that no record or
-// reservation holds. Expects m.mu held.
-func (m *ManagerImpl) availableLocked(r *resourceState) sets.Set[string] {
-	allocated := m.ledger.AllocatedIn(r.name)
-	available := make(sets.Set[string], max(0, r.healthyLen()-m.ledger.AllocatedCount(r.name)))
-	for id := range r.healthyDevices {
-		if !allocated(id) {
-			available.Insert(id)
-		}
-	}
-	return available
-}
-
-// availableSortedLocked is availableLocked with the same IDs in ID order,
-// found in one walk of the sorted devices. Expects m.mu held.
-func (m *ManagerImpl) availableSortedLocked(r *resourceState) (sets.Set[string], []string) {
-	n := max(0, r.healthyLen()-m.ledger.AllocatedCount(r.name))
+// reservation holds, as a set and in ID order: the sorted healthy IDs the
+// checkpoint is written from, less the allocated ones. Expects m.mu held.
+func (m *ManagerImpl) availableLocked(r *resourceState) (sets.Set[string], []string) {
+	healthy := r.sortedHealthy()
+	n := max(0, len(healthy)-m.ledger.AllocatedCount(r.name))
 	available, sorted := make(sets.Set[string], n), make([]string, 0, n)
-	if r.healthyLen() == 0 {
-		return available, sorted
-	}
 	allocated := m.ledger.AllocatedIn(r.name)
-	add := func(id string) {
+	for _, id := range healthy {
 		if !allocated(id) {
 			available.Insert(id)
 			sorted = append(sorted, id)
-		}
-	}
-	if r.lastList != nil {
-		// The devices in ID order, their health read from the list.
-		r.sortLastList()
-		for _, i := range r.order {
-			if d := r.lastList[i]; d.Health == pluginapi.Healthy {
-				add(d.ID)
-			}
-		}
-		return available, sorted
-	}
-	for _, id := range r.sortedDeviceIDs() {
-		if r.isHealthy(id) {
-			add(id)
 		}
 	}
 	return available, sorted

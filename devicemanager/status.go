@@ -53,12 +53,13 @@ func (m *ManagerImpl) Status() []ResourceStatus {
 		if !r.registered {
 			continue
 		}
+		_, free := m.availableLocked(r)
 		rs := ResourceStatus{
 			Name:                   name,
-			Capacity:               r.healthyLen() + r.unhealthyLen(),
+			Capacity:               r.capacityLen(),
 			Allocatable:            r.healthyLen(),
 			Allocated:              m.ledger.AllocatedCount(name),
-			Free:                   m.availableLocked(r).Len(),
+			Free:                   len(free),
 			RestoredFromCheckpoint: !r.listed,
 		}
 		for _, id := range sets.List(sets.KeySet(r.devices)) {
