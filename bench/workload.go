@@ -122,9 +122,7 @@ func runMain(args []string) error {
 	default:
 		err = fmt.Errorf("unknown workload %q", *workload)
 	}
-	for _, f := range slices.Backward(r.cleanup) {
-		f()
-	}
+	r.stop()
 	switch {
 	case errors.Is(err, errRefused):
 		r.res.Status = statusRefused
@@ -159,6 +157,14 @@ func joinNote(parts ...string) string {
 func (r *run) metric(name string, v float64)         { r.res.Metrics[name] = v }
 func (r *run) duration(name string, d time.Duration) { r.metric(name, float64(d.Nanoseconds())) }
 func (r *run) atExit(f func())                       { r.cleanup = append(r.cleanup, f) }
+
+// stop runs the functions given to atExit so far, last first.
+func (r *run) stop() {
+	for _, f := range slices.Backward(r.cleanup) {
+		f()
+	}
+	r.cleanup = nil
+}
 
 // startManager starts the subject with the given active pods and drains its
 // Updates channel.

@@ -2,7 +2,6 @@ package main
 
 import (
 	"os"
-	"slices"
 	"testing"
 
 	"github.com/go-logr/logr"
@@ -80,13 +79,4 @@ func wantText(v float64) any {
 		return "a positive value"
 	}
 	return v
-}
-
-// stop runs the cleanups registered so far, last first, as `bench run` does
-// before it exits.
-func (r *run) stop() {
-	for _, f := range slices.Backward(r.cleanup) {
-		f()
-	}
-	r.cleanup = nil
 }
