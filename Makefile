@@ -63,13 +63,13 @@ bench-compare:
 bench-check:
 	cd bench && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) test -count=1 ./...
 
-## fuzz: every fuzz target for FUZZTIME each.
+## fuzz: every fuzz target for FUZZTIME each (.ci/fuzz-target runs one).
 fuzz:
 	@set -e; for f in $$(git grep -l '^func Fuzz' -- '*_test.go'); do \
 		dir=./$$(dirname $$f); \
 		for t in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
 			echo "== $$dir $$t ($(FUZZTIME))"; \
-			$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) $$dir; \
+			GO=$(GO) ./.ci/fuzz-target $$dir $$t $(FUZZTIME); \
 		done; \
 	done
 
