@@ -3,6 +3,7 @@ package endpoint
 import (
 	"bytes"
 	"fmt"
+	"math/bits"
 	"unicode/utf8"
 
 	"google.golang.org/grpc/encoding"
@@ -156,23 +157,30 @@ func (c *listCodec) Unmarshal(data mem.BufferSlice, v any) error {
 }
 
 // buffer returns an array of n bytes for the next message: the one of bufs
-// that does not hold prev, replaced when it is smaller than n or larger
-// than 4*(n+minKeptBuffer), so that a huge list's arrays go once smaller
-// lists follow. Each array is replaced on its own turn: after one huge
-// message and one small, a stream that falls quiet keeps one huge array.
+// that does not hold prev, replaced when it is smaller than n or oversized
+// for n (see keep).
 func (c *listCodec) buffer(n int) []byte {
 	c.turn ^= 1
 	b := c.bufs[c.turn]
-	if cap(b) < n || cap(b) > 4*(n+minKeptBuffer) {
+	if cap(b) < n || oversized(cap(b), n) {
 		b = make([]byte, n)
 		c.bufs[c.turn] = b
 	}
 	return b[:n]
 }
 
+// oversized reports whether an array of c bytes is too large to keep for n
+// bytes: more than four times n, past a floor under which any array is
+// kept. A stream's lists can shrink a hundredfold (a plugin restarted with
+// fewer devices), and what was kept for the largest should go with it.
+func oversized(c, n int) bool { return c > 4*(n+minKeptBuffer) }
+
 // minKeptBuffer: an array is kept for any message if it is no larger than
 // four times this.
 const minKeptBuffer = 64 << 10
+
+// spanBytes is the size of a span, for oversized.
+const spanBytes = 2 * bits.UintSize / 8
 
 // same reports whether span s of raw encodes what the previous message
 // encoded at place i.
@@ -182,9 +190,18 @@ func (c *listCodec) same(raw []byte, s span, i int) bool {
 }
 
 // keep remembers a decoded message for the next one; the previous spans'
-// array is reused for the spans after it.
+// array is reused for the spans after it. The arrays that held the previous
+// message and its spans go now if they are oversized for this one, instead
+// of on their next turn: after a huge list, one smaller list is enough for
+// a stream that then falls quiet to keep nothing of the huge one.
 func (c *listCodec) keep(raw []byte, spans []span, devs []*pluginapi.Device) {
 	c.spare = c.spans
+	if oversized(cap(c.spare)*spanBytes, len(spans)*spanBytes) {
+		c.spare = nil
+	}
+	if other := c.turn ^ 1; oversized(cap(c.bufs[other]), len(raw)) {
+		c.bufs[other] = nil
+	}
 	c.prev, c.spans, c.devs = raw, spans, devs
 }
 
@@ -197,7 +214,7 @@ func (c *listCodec) reset() { c.prev, c.spans, c.devs = nil, nil, nil }
 // array once: growing it by appending made a first list of 10,000 devices
 // 50% slower (BenchmarkListCodec), for 8% less on each update.
 func deviceSpans(b []byte, spans []span) ([]span, bool) {
-	if n := countDevices(b); cap(spans) < n {
+	if n := countDevices(b); cap(spans) < n || oversized(cap(spans)*spanBytes, n*spanBytes) {
 		spans = make([]span, 0, n)
 	}
 	for off := 0; off < len(b); {

@@ -506,8 +506,8 @@ func TestListCodecKeepsNoReplacedDevice(t *testing.T) {
 }
 
 // The codec copies each message into one of two arrays it keeps, the one not
-// holding the previous message; after a very large message it does not keep
-// that array for small ones.
+// holding the previous message; after very large messages, one small message
+// is enough for it to keep nothing of theirs.
 func TestListCodecMessageArrays(t *testing.T) {
 	encode := func(n int) mem.BufferSlice {
 		devs := make([]*pluginapi.Device, n)
@@ -534,9 +534,16 @@ func TestListCodecMessageArrays(t *testing.T) {
 	large := encode(20000)
 	decode(large)
 	decode(large)
-	decode(small)
+	require.Greater(t, cap(c.spans), 4*(100+minKeptBuffer/spanBytes), "the large message's spans")
 	decode(small)
 	for i, buf := range c.bufs {
 		assert.LessOrEqual(t, cap(buf), 4*(len(small.Materialize())+minKeptBuffer), "array %d kept after a large message", i)
 	}
+	for name, spans := range map[string][]span{"spans": c.spans, "spare": c.spare} {
+		assert.LessOrEqual(t, cap(spans), 4*(100+minKeptBuffer/spanBytes), "%s kept after a large message", name)
+	}
+	// The small message's arrays are kept: the next small one allocates none.
+	prev := c.prev
+	decode(small)
+	assert.Same(t, &prev[0], &decode(small)[0], "an array was not reused")
 }
