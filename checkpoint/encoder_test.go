@@ -98,8 +98,25 @@ func BenchmarkEncoderAppend(b *testing.B) { benchEncoder(b, func(n int) int { re
 
 func BenchmarkEncoderInsertMiddle(b *testing.B) { benchEncoder(b, func(n int) int { return n / 2 }) }
 
+// BenchmarkEncoderAppendManyDevices is BenchmarkEncoderAppend on a node
+// whose plugin advertises 80,000 device IDs (shared GPUs): the registered
+// devices are most of the document and stay the same from one admission to
+// the next.
+func BenchmarkEncoderAppendManyDevices(b *testing.B) {
+	entries, _ := benchData(1000)
+	ids := make([]string, 80000)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("GPU-%08x-1b2d-4e5f-8a9b-%012d", i/8, i)
+	}
+	benchEncoderOn(b, entries, map[string][]string{"example.com/gpu": ids}, func(n int) int { return n })
+}
+
 func benchEncoder(b *testing.B, at func(n int) int) {
 	entries, registered := benchData(1000)
+	benchEncoderOn(b, entries, registered, at)
+}
+
+func benchEncoderOn(b *testing.B, entries []PodDevicesEntry, registered map[string][]string, at func(n int) int) {
 	enc := encodeAll(entries)
 	extra := EncodeEntry(entries[0])
 	var c Encoder
