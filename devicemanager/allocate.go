@@ -322,23 +322,29 @@ func (m *ManagerImpl) selectionInputLocked(podUID, container, name string, requi
 	if pool := m.reuse[podUID][name]; pool.Len() > 0 {
 		reusable = sets.List(pool)
 	}
-	available, sorted := m.availableLocked(r)
-	var tiers topology.Tiers
+	in := podstate.SelectInput{Resource: name, Required: required, Needed: needed, Reusable: reusable}
 	if affinity == nil {
-		// Without an affinity every device is in one tier, in ID order.
-		tiers.NoTopology = sorted
+		// Without an affinity every device is in one tier, in ID order: the
+		// healthy devices the resource keeps sorted, which the selection
+		// walks only until it has picked what it needs, skipping those
+		// the census does not count free. With 80,000 devices, building
+		// the free set instead cost an admission 3 ms.
+		in.Available = freeDevices{m.censusLocked(r)}
+		in.Tiers.NoTopology = r.sortedHealthy()
 	} else {
-		tiers = topology.FilterByAffinity(affinity, r.devices, available)
+		available := m.availableLocked(r)
+		in.Available = available
+		in.Tiers = podstate.Tiers(topology.FilterByAffinity(affinity, r.devices, available))
 	}
-	return podstate.SelectInput{
-		Resource:  name,
-		Required:  required,
-		Needed:    needed,
-		Reusable:  reusable,
-		Available: available,
-		Tiers:     podstate.Tiers(tiers),
-	}, r.primary, nil
+	return in, r.primary, nil
 }
+
+// freeDevices is a resource's free devices as its census counts them:
+// healthy, and held by no record or reservation.
+type freeDevices struct{ census *topology.Census }
+
+func (f freeDevices) Len() int           { return f.census.Available() }
+func (f freeDevices) Has(id string) bool { return f.census.IsAvailable(id) }
 
 // preferredAllocation asks the plugin which devices it prefers. A failing
 // plugin is logged and treated as having no preference: one broken card must

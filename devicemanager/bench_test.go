@@ -235,10 +235,11 @@ func BenchmarkAdmitTwoResources(b *testing.B) {
 	}
 }
 
-// BenchmarkSelectionInput builds what device selection works from for a
-// container asking for one device of a resource with 10,000 devices, 1,000
-// of them held by pods and 1,000 unhealthy, with no NUMA affinity: the part
-// of every admission that grows with the resource's devices.
+// BenchmarkSelectionInput builds what device selection works from, and picks
+// the device, for a container asking for one device of a resource with
+// 10,000 devices, 1,000 of them held by pods and 1,000 unhealthy, with no
+// NUMA affinity: the part of every admission that grows with the resource's
+// devices.
 func BenchmarkSelectionInput(b *testing.B) {
 	h := newHarness(b, quiet).start()
 	devs := numbered("dev", 10000)
@@ -255,9 +256,39 @@ func BenchmarkSelectionInput(b *testing.B) {
 	for b.Loop() {
 		h.m.mu.Lock()
 		in, _, err := h.m.selectionInputLocked("probe", "app", res1, 1, nil)
-		h.m.mu.Unlock()
-		if err != nil || len(in.Tiers.NoTopology) != 8000 {
-			b.Fatalf("%d free devices listed, error %v", len(in.Tiers.NoTopology), err)
+		var ids []string
+		if err == nil {
+			ids, err = podstate.Select(in, nil)
 		}
+		h.m.mu.Unlock()
+		if err != nil || in.Available.Len() != 8000 || len(ids) != 1 {
+			b.Fatalf("%d free devices, %v picked, error %v", in.Available.Len(), ids, err)
+		}
+	}
+}
+
+// BenchmarkAdmitOnManyDevices admits one pod asking for one device of a
+// resource whose plugin advertises 80,000 IDs (shared GPUs), 1,000 of them
+// held, until its admission is on disk; the pod is then removed (no write)
+// so that every admission sees the same ledger.
+func BenchmarkAdmitOnManyDevices(b *testing.B) {
+	h := newHarness(b, quiet).start()
+	devs := make([]*pluginapi.Device, 80000)
+	for i := range devs {
+		devs[i] = &pluginapi.Device{ID: fmt.Sprintf("GPU-%08x-1b2d-4e5f-8a9b-%012d", i/8, i), Health: pluginapi.Healthy}
+	}
+	h.registered(res1, devs)
+	for i := range 1000 {
+		pod := newPod(fmt.Sprintf("pod-%04d", i), ctr("app", res1, 1))
+		h.pods.add(pod)
+		require0(b, h.m.Allocate(context.Background(), pod, &pod.Spec.Containers[0]))
+	}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		pod := newPod(fmt.Sprintf("probe-%d", i), ctr("app", res1, 1))
+		h.pods.add(pod)
+		require0(b, h.m.Allocate(context.Background(), pod, &pod.Spec.Containers[0]))
+		h.pods.remove(pod.UID)
+		h.m.UpdateAllocatedDevices()
 	}
 }

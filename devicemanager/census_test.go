@@ -78,25 +78,27 @@ func TestHintsCensusStaysExact(t *testing.T) {
 }
 
 // checkAvailable compares the manager's free devices of resource, as a set
-// and in ID order, with a count from scratch.
+// and as the census counts them (what an admission without an affinity
+// selects from), with a count from scratch.
 func checkAvailable(t *testing.T, m *ManagerImpl, resource string) {
 	t.Helper()
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	r := m.resources[resource]
-	var want []string
-	for _, id := range sets.List(sets.KeySet(r.devices)) {
-		if r.devices[id].Health == pluginapi.Healthy && !m.ledger.IsAllocated(resource, id) {
-			want = append(want, id)
+	want := sets.New[string]()
+	for id, d := range r.devices {
+		if d.Health == pluginapi.Healthy && !m.ledger.IsAllocated(resource, id) {
+			want.Insert(id)
 		}
 	}
-	set, sorted := m.availableLocked(r)
-	m.mu.Unlock()
-	require.True(t, slices.Equal(want, sorted), "free devices in order %q, want %q", sorted, want)
-	require.True(t, set.Equal(sets.New(want...)), "free devices %q, want %q", sets.List(set), want)
+	set := m.availableLocked(r)
+	require.True(t, set.Equal(want), "free devices %q, want %q", sets.List(set), sets.List(want))
+	view := freeDevices{m.censusLocked(r)}
+	require.Equal(t, want.Len(), view.Len(), "free devices counted")
+	for id := range r.devices {
+		require.Equal(t, want.Has(id), view.Has(id), "device %s counted free", id)
+	}
 }
 
 // available returns the set availableLocked returns. Expects m.mu held.
-func available(m *ManagerImpl, r *resourceState) sets.Set[string] {
-	set, _ := m.availableLocked(r)
-	return set
-}
+func available(m *ManagerImpl, r *resourceState) sets.Set[string] { return m.availableLocked(r) }

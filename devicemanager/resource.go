@@ -395,20 +395,18 @@ func (r *resourceState) markUnhealthy() {
 }
 
 // availableLocked returns the healthy devices of r that no record or
-// reservation holds, as a set and in ID order: the sorted healthy IDs the
-// checkpoint is written from, less the allocated ones. Expects m.mu held.
-func (m *ManagerImpl) availableLocked(r *resourceState) (sets.Set[string], []string) {
+// reservation holds: the sorted healthy IDs the checkpoint is written from,
+// less the allocated ones. Expects m.mu held.
+func (m *ManagerImpl) availableLocked(r *resourceState) sets.Set[string] {
 	healthy := r.sortedHealthy()
-	n := max(0, len(healthy)-m.ledger.AllocatedCount(r.name))
-	available, sorted := make(sets.Set[string], n), make([]string, 0, n)
+	available := make(sets.Set[string], max(0, len(healthy)-m.ledger.AllocatedCount(r.name)))
 	allocated := m.ledger.AllocatedIn(r.name)
 	for _, id := range healthy {
 		if !allocated(id) {
 			available.Insert(id)
-			sorted = append(sorted, id)
 		}
 	}
-	return available, sorted
+	return available
 }
 
 // allocatedChanged keeps the census of the device's resource up to date when

@@ -396,9 +396,21 @@ func TestResourceMatchesModel(t *testing.T) {
 			if got := r.sortedHealthy(); !slices.Equal(got, sets.List(want)) {
 				t.Fatalf("seed %d %v: sortedHealthy %v want %v", seed, log, got, sets.List(want))
 			}
-			set, sorted := m.availableLocked(r)
-			if !slices.Equal(sorted, sets.List(want)) || !set.Equal(want) {
-				t.Fatalf("seed %d %v: available %v want %v", seed, log, sorted, sets.List(want))
+			if set := m.availableLocked(r); !set.Equal(want) {
+				t.Fatalf("seed %d %v: available %v want %v", seed, log, sets.List(set), sets.List(want))
+			}
+			// A census built before (by "read") must have followed every
+			// change since, or have been dropped.
+			if r.census != nil {
+				view := freeDevices{r.census}
+				for id := range ref.devices {
+					if view.Has(id) != want.Has(id) {
+						t.Fatalf("seed %d %v: census counts %s free: %v", seed, log, id, view.Has(id))
+					}
+				}
+				if view.Len() != want.Len() {
+					t.Fatalf("seed %d %v: census counts %d free, want %d", seed, log, view.Len(), want.Len())
+				}
 			}
 			for id := range ref.devices {
 				if r.isHealthy(id) != want.Has(id) {

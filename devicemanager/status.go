@@ -53,13 +53,12 @@ func (m *ManagerImpl) Status() []ResourceStatus {
 		if !r.registered {
 			continue
 		}
-		_, free := m.availableLocked(r)
 		rs := ResourceStatus{
 			Name:                   name,
 			Capacity:               r.capacityLen(),
 			Allocatable:            r.healthyLen(),
 			Allocated:              m.ledger.AllocatedCount(name),
-			Free:                   len(free),
+			Free:                   m.censusLocked(r).Available(),
 			RestoredFromCheckpoint: !r.listed,
 		}
 		for _, id := range sets.List(sets.KeySet(r.devices)) {

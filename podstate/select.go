@@ -9,10 +9,14 @@ import (
 // Tiers splits the available devices of a resource by their place relative to
 // the container's NUMA affinity, each tier in preference order (the shape of
 // topology.Tiers, redeclared so podstate does not depend on topology).
+// Every available device is in one tier. A tier may also list devices that
+// are not available: the selection skips them, so that without an affinity
+// NoTopology can be every healthy device in ID order, kept by the caller,
+// instead of a list of the free ones built for each admission.
 type Tiers struct {
 	Aligned    []string // on a NUMA node of the affinity
 	Unaligned  []string // only on other nodes
-	NoTopology []string // no NUMA node; all of Available when there is no affinity
+	NoTopology []string // no NUMA node; every device when there is no affinity
 }
 
 // SelectInput is what device selection (SPEC §3.3 step 7) works from. Build it
@@ -25,9 +29,13 @@ type SelectInput struct {
 	// (sort it for determinism). Its devices are taken first, unchecked.
 	Reusable []string
 	// Available: healthy devices that no record or reservation holds. The
-	// selection reads it and never modifies it.
-	Available sets.Set[string]
-	// Tiers partition Available; IDs outside Available are ignored.
+	// selection asks it Len, and Has for the devices of the tiers it walks;
+	// a caller with tens of thousands of devices can answer from counts it
+	// keeps instead of building the set for each admission. The plugin's
+	// query lists every available device: from the set itself when it is a
+	// sets.Set, else from the tiers, which must then cover it.
+	Available DeviceSet
+	// Tiers cover Available; IDs outside Available are ignored.
 	Tiers Tiers
 }
 
@@ -46,13 +54,38 @@ type selection struct {
 	has    sets.Set[string]
 	needed int
 	// free: Available minus picked reusable devices, the snapshot of step 7b.
-	free sets.Set[string]
+	free DeviceSet
 	// aligned: the aligned tier restricted to free, without duplicates.
 	aligned []string
 	// askFirst: step 7d (the plugin chooses among aligned devices) rather than
 	// 7e (all aligned devices taken, the plugin chooses among the rest).
 	askFirst bool
 }
+
+// minus is a DeviceSet less some of its IDs.
+type minus struct {
+	set  DeviceSet
+	gone sets.Set[string]
+	n    int
+}
+
+// without returns set less the IDs of gone: a new set when set is a
+// sets.Set, else a view of it.
+func without(set DeviceSet, gone sets.Set[string]) DeviceSet {
+	if s, ok := set.(sets.Set[string]); ok {
+		return s.Difference(gone)
+	}
+	n := set.Len()
+	for id := range gone {
+		if set.Has(id) {
+			n--
+		}
+	}
+	return minus{set: set, gone: gone, n: n}
+}
+
+func (m minus) Len() int           { return m.n }
+func (m minus) Has(id string) bool { return !m.gone.Has(id) && m.set.Has(id) }
 
 // take picks, in order, the IDs of ids that pass ok and are not yet picked,
 // until nothing is needed. It reports whether nothing is needed any more.
@@ -78,15 +111,15 @@ func start(in SelectInput) (s *selection, done bool, err error) {
 	if s.needed <= 0 || s.take(in.Reusable, nil) {
 		return s, true, nil
 	}
-	// free is only read: with nothing reused it is Available itself, not a
+	// free is only read: Available itself, less the reused devices, not a
 	// copy of a set as large as the node's free devices.
 	s.free = in.Available
 	if s.has.Len() > 0 {
-		s.free = in.Available.Difference(s.has)
+		s.free = without(in.Available, s.has)
 	}
-	if len(s.free) < s.needed {
+	if s.free.Len() < s.needed {
 		return nil, false, &InsufficientDevicesError{
-			Resource: in.Resource, Requested: s.needed, Available: len(s.free),
+			Resource: in.Resource, Requested: s.needed, Available: s.free.Len(),
 		}
 	}
 	seen := sets.New[string]()
@@ -107,10 +140,20 @@ func start(in SelectInput) (s *selection, done bool, err error) {
 // everything picked so far, which the plugin must include.
 func (s *selection) query() PreferredQuery {
 	cands := s.has.Clone()
-	if s.askFirst {
+	switch set, isSet := s.free.(sets.Set[string]); {
+	case s.askFirst:
 		cands.Insert(s.aligned...)
-	} else {
-		cands = cands.Union(s.free)
+	case isSet:
+		cands = cands.Union(set)
+	default:
+		// Every free device, found in the tiers that cover it.
+		for _, tier := range [][]string{s.in.Tiers.Aligned, s.in.Tiers.Unaligned, s.in.Tiers.NoTopology} {
+			for _, id := range tier {
+				if s.free.Has(id) {
+					cands.Insert(id)
+				}
+			}
+		}
 	}
 	return PreferredQuery{
 		Available:   sets.List(cands),

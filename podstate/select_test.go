@@ -2,6 +2,8 @@ package podstate
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -92,7 +94,7 @@ func TestSelectRules(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			availBefore := tc.in.Available.Clone()
+			availBefore := tc.in.Available.(sets.Set[string]).Clone()
 			q, ask := PreferredQueryFor(tc.in)
 			if tc.wantQuery == nil {
 				assert.False(t, ask, "plugin must not be asked")
@@ -302,4 +304,86 @@ func TestGetPreferredAllocationParameters(t *testing.T) {
 			assert.Equal(t, tc.want, *asked)
 		})
 	}
+}
+
+// opaque is a DeviceSet that is not a sets.Set, as a caller's view of its free
+// devices is: the selection can only ask it Len and Has.
+type opaque struct{ set sets.Set[string] }
+
+func (o opaque) Len() int           { return o.set.Len() }
+func (o opaque) Has(id string) bool { return o.set.Has(id) }
+
+// A view of the free devices, with tiers that also list devices that are not
+// free (every healthy device in ID order, as devmgr passes without an
+// affinity), selects what the set itself with tiers of free devices only
+// selects, and asks the plugin the same question.
+func TestSelectFromAView(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	pick := func(from []string, p float64) []string {
+		var out []string
+		for _, id := range from {
+			if rng.Float64() < p {
+				out = append(out, id)
+			}
+		}
+		rng.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+		return out
+	}
+	asked := 0
+	for run := range 3000 {
+		n := 1 + rng.IntN(12)
+		all := make([]string, n)
+		for i := range all {
+			all[i] = fmt.Sprintf("d%02d", i)
+		}
+		free := sets.New(pick(all, 0.6)...)
+		var exact, padded Tiers
+		for _, id := range all {
+			if !free.Has(id) {
+				continue
+			}
+			switch rng.IntN(3) {
+			case 0:
+				exact.Aligned = append(exact.Aligned, id)
+			case 1:
+				exact.Unaligned = append(exact.Unaligned, id)
+			default:
+				exact.NoTopology = append(exact.NoTopology, id)
+			}
+		}
+		// Devices that are not free, inserted anywhere; the free ones keep
+		// their order.
+		pad := func(tier []string) []string {
+			out := slices.Clone(tier)
+			for _, id := range pick(append(slices.Clone(all), "ghost"), 0.3) {
+				if !free.Has(id) {
+					i := rng.IntN(len(out) + 1)
+					out = slices.Insert(out, i, id)
+				}
+			}
+			return out
+		}
+		padded = Tiers{Aligned: pad(exact.Aligned), Unaligned: pad(exact.Unaligned), NoTopology: pad(exact.NoTopology)}
+		required := rng.IntN(n + 2)
+		needed := max(0, required-rng.IntN(2))
+		reusable := pick(append(slices.Clone(all), "r1", "r2"), 0.15)
+		preferred := pick(append(slices.Clone(all), "bogus"), 0.5)
+
+		set := SelectInput{Resource: res1, Required: required, Needed: needed, Reusable: reusable, Available: free, Tiers: exact}
+		view := set
+		view.Available, view.Tiers = opaque{free}, padded
+
+		q1, ask1 := PreferredQueryFor(set)
+		q2, ask2 := PreferredQueryFor(view)
+		require.Equal(t, ask1, ask2, "run %d: plugin asked", run)
+		require.Equal(t, q1, q2, "run %d: plugin query", run)
+		if ask1 {
+			asked++
+		}
+		got1, err1 := Select(set, preferred)
+		got2, err2 := Select(view, preferred)
+		require.Equal(t, got1, got2, "run %d: picks", run)
+		require.Equal(t, fmt.Sprint(err1), fmt.Sprint(err2), "run %d: error", run)
+	}
+	require.Greater(t, asked, 300, "runs that asked the plugin")
 }

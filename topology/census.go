@@ -75,6 +75,10 @@ func (c *Census) SetAvailable(id string, available bool) {
 // Available returns the number of available devices.
 func (c *Census) Available() int { return c.available }
 
+// IsAvailable reports whether the device is available; false for an
+// unknown ID.
+func (c *Census) IsAvailable(id string) bool { return c.devs[id].available }
+
 // Hints returns what ResourceHints returns for these devices and the
 // census's available devices, with reusable and held as in HintRequest.
 func (c *Census) Hints(machineNodes []int, reusable, held sets.Set[string], request int) []Hint {
