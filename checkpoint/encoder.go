@@ -323,7 +323,14 @@ func (c *Encoder) Encode(entries []*EncodedEntry, registered map[string][]string
 		json := entries[i].encoded()
 		size += len(json) + 1
 	}
-	need := 64 + size + sizeHint(registered)
+	// tailSame holds a nil map and an empty one alike (so does the hashed
+	// text); their JSON differs.
+	copyReg := tailSame && c.valid && (registered == nil) == c.regNil
+	regSize := c.regEnd - c.regStart
+	if !copyReg {
+		regSize = sizeHint(registered)
+	}
+	need := 64 + size + regSize
 	var blob []byte
 	if len(c.offsets) == 0 {
 		blob = c.reuse(need)
@@ -351,9 +358,7 @@ func (c *Encoder) Encode(entries []*EncodedEntry, registered map[string][]string
 	}
 	blob = append(blob, `,"RegisteredDevices":`...)
 	regStart := len(blob)
-	// tailSame holds a nil map and an empty one alike (so does the hashed
-	// text); their JSON differs.
-	if tailSame && c.valid && (registered == nil) == c.regNil {
+	if copyReg {
 		blob = append(blob, c.blob[c.regStart:c.regEnd]...)
 	} else {
 		blob = appendRegistered(blob, registered)
