@@ -139,27 +139,47 @@ func start(in SelectInput) (s *selection, done bool, err error) {
 // query is the plugin request at the current point: the candidates plus
 // everything picked so far, which the plugin must include.
 func (s *selection) query() PreferredQuery {
-	cands := s.has.Clone()
+	q := PreferredQuery{MustInclude: sets.List(s.has), Size: s.in.Required}
 	switch set, isSet := s.free.(sets.Set[string]); {
 	case s.askFirst:
-		cands.Insert(s.aligned...)
+		q.Available = sets.List(s.has.Clone().Insert(s.aligned...))
 	case isSet:
-		cands = cands.Union(set)
+		q.Available = sets.List(s.has.Union(set))
 	default:
-		// Every free device, found in the tiers that cover it.
+		// Every free device, found in the tiers that cover it. Without an
+		// affinity they are one tier in ID order, and so is this list: no
+		// set of tens of thousands of IDs to build, and no sort.
+		free := make([]string, 0, s.free.Len())
 		for _, tier := range [][]string{s.in.Tiers.Aligned, s.in.Tiers.Unaligned, s.in.Tiers.NoTopology} {
 			for _, id := range tier {
 				if s.free.Has(id) {
-					cands.Insert(id)
+					free = append(free, id)
 				}
 			}
 		}
+		if !slices.IsSorted(free) {
+			slices.Sort(free)
+		}
+		q.Available = union(q.MustInclude, slices.Compact(free))
 	}
-	return PreferredQuery{
-		Available:   sets.List(cands),
-		MustInclude: sets.List(s.has),
-		Size:        s.in.Required,
+	return q
+}
+
+// union returns the sorted union of a and b, two sorted lists without
+// duplicates.
+func union(a, b []string) []string {
+	out := make([]string, 0, len(a)+len(b))
+	for len(a) > 0 && len(b) > 0 {
+		switch {
+		case a[0] < b[0]:
+			out, a = append(out, a[0]), a[1:]
+		case a[0] > b[0]:
+			out, b = append(out, b[0]), b[1:]
+		default:
+			out, a, b = append(out, a[0]), a[1:], b[1:]
+		}
 	}
+	return append(append(out, a...), b...)
 }
 
 // PreferredQueryFor returns the GetPreferredAllocation request that Select

@@ -85,6 +85,11 @@ func TestSelectRules(t *testing.T) {
 			in: SelectInput{Required: 1, Needed: 1, Available: sets.New("x", "y"),
 				Tiers: Tiers{Aligned: []string{"x", "x"}, Unaligned: []string{"y"}}},
 			want: []string{"x"}},
+		{name: "an ID twice in a tier is asked about once",
+			in: SelectInput{Required: 2, Needed: 2, Available: sets.New("x", "y", "z"),
+				Tiers: Tiers{Aligned: []string{"x", "x"}, Unaligned: []string{"z", "y"}}},
+			wantQuery: &PreferredQuery{Available: []string{"x", "y", "z"}, MustInclude: []string{"x"}, Size: 2},
+			want:      []string{"x", "z"}},
 		{name: "tiers not covering Available: shortfall with the kubelet's text",
 			in: SelectInput{Resource: res1, Required: 3, Needed: 3, Available: sets.New("a1", "a2", "zz"),
 				Tiers: Tiers{Aligned: []string{"a1"}, Unaligned: []string{"a2"}}},
@@ -110,10 +115,24 @@ func TestSelectRules(t *testing.T) {
 				require.EqualError(t, err, tc.wantErr)
 				require.ErrorIs(t, err, tc.wantIs)
 				assert.Nil(t, got)
+			} else {
+				require.NoError(t, err)
+				assert.Equal(t, tc.want, got)
+			}
+
+			// The same through a view of the set, where the tiers cover it.
+			covered := sets.New(tc.in.Tiers.Aligned...).Insert(tc.in.Tiers.Unaligned...).Insert(tc.in.Tiers.NoTopology...)
+			if !covered.IsSuperset(availBefore) {
 				return
 			}
-			require.NoError(t, err)
-			assert.Equal(t, tc.want, got)
+			view := tc.in
+			view.Available = opaque{availBefore}
+			q2, ask2 := PreferredQueryFor(view)
+			assert.Equal(t, ask, ask2, "view: plugin asked")
+			assert.Equal(t, q, q2, "view: plugin query")
+			got2, err2 := Select(view, tc.preferred)
+			assert.Equal(t, got, got2, "view: picks")
+			assert.Equal(t, fmt.Sprint(err), fmt.Sprint(err2), "view: error")
 		})
 	}
 }
@@ -364,6 +383,11 @@ func TestSelectFromAView(t *testing.T) {
 			return out
 		}
 		padded = Tiers{Aligned: pad(exact.Aligned), Unaligned: pad(exact.Unaligned), NoTopology: pad(exact.NoTopology)}
+		if run%3 == 0 {
+			// devmgr without an affinity: one tier, every device in ID order.
+			exact = Tiers{NoTopology: sets.List(free)}
+			padded = Tiers{NoTopology: all}
+		}
 		required := rng.IntN(n + 2)
 		needed := max(0, required-rng.IntN(2))
 		reusable := pick(append(slices.Clone(all), "r1", "r2"), 0.15)
