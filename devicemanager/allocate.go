@@ -322,19 +322,22 @@ func (m *ManagerImpl) selectionInputLocked(podUID, container, name string, requi
 	if pool := m.reuse[podUID][name]; pool.Len() > 0 {
 		reusable = sets.List(pool)
 	}
-	in := podstate.SelectInput{Resource: name, Required: required, Needed: needed, Reusable: reusable}
+	census := m.censusLocked(r)
+	in := podstate.SelectInput{
+		Resource: name, Required: required, Needed: needed, Reusable: reusable,
+		Available: freeDevices{census},
+	}
 	if affinity == nil {
 		// Without an affinity every device is in one tier, in ID order: the
 		// healthy devices the resource keeps sorted, which the selection
 		// walks only until it has picked what it needs, skipping those
 		// the census does not count free. With 80,000 devices, building
 		// the free set instead cost an admission 3 ms.
-		in.Available = freeDevices{m.censusLocked(r)}
 		in.Tiers.NoTopology = r.sortedHealthy()
 	} else {
-		available := m.availableLocked(r)
-		in.Available = available
-		in.Tiers = podstate.Tiers(topology.FilterByAffinity(affinity, r.devices, available))
+		// One pass over the same sorted devices; sorting the free ones by
+		// node instead cost an admission 40 ms with 80,000 devices.
+		in.Tiers = podstate.Tiers(census.Tiers(affinity, r.sortedHealthy()))
 	}
 	return in, r.primary, nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/openkubelet/devmgr/checkpoint"
 	"github.com/openkubelet/devmgr/plugintest"
 	"github.com/openkubelet/devmgr/podstate"
+	"github.com/openkubelet/devmgr/topology"
 )
 
 // The benchmarks of the kubelet's costly paths (see issue figures: the kubelet
@@ -271,22 +272,47 @@ func BenchmarkSelectionInput(b *testing.B) {
 // resource whose plugin advertises 80,000 IDs (shared GPUs), 1,000 of them
 // held, until its admission is on disk; the pod is then removed (no write)
 // so that every admission sees the same ledger.
-func BenchmarkAdmitOnManyDevices(b *testing.B) { benchAdmitOnManyDevices(b, false) }
+func BenchmarkAdmitOnManyDevices(b *testing.B) { benchAdmitOnManyDevices(b, manyDevices{}) }
 
 // BenchmarkAdmitOnManyDevicesPreferred is the same with a plugin that answers
 // GetPreferredAllocation, which is sent every free device, and 100 devices
 // held (admitting 1,000 pods first took a minute).
-func BenchmarkAdmitOnManyDevicesPreferred(b *testing.B) { benchAdmitOnManyDevices(b, true) }
+func BenchmarkAdmitOnManyDevicesPreferred(b *testing.B) {
+	benchAdmitOnManyDevices(b, manyDevices{preferred: true})
+}
 
-func benchAdmitOnManyDevices(b *testing.B, preferred bool) {
-	h := newHarness(b, quiet).start()
+// BenchmarkAdmitOnManyDevicesAffinity is BenchmarkAdmitOnManyDevices with the
+// devices on two NUMA nodes and every container aligned on node 0 by the
+// topology manager, and 100 devices held.
+func BenchmarkAdmitOnManyDevicesAffinity(b *testing.B) {
+	benchAdmitOnManyDevices(b, manyDevices{affinity: true})
+}
+
+type manyDevices struct{ preferred, affinity bool }
+
+type nodeZero struct{}
+
+func (nodeZero) GetAffinity(string, string) topology.Hint {
+	m, _ := topology.NewBitMask(0)
+	return topology.Hint{NUMANodeAffinity: &m, Preferred: true}
+}
+
+func benchAdmitOnManyDevices(b *testing.B, how manyDevices) {
+	h := newHarness(b, quiet, func(o *Options) {
+		if how.affinity {
+			o.AffinityStore, o.NUMANodes = nodeZero{}, []int{0, 1}
+		}
+	}).start()
 	devs := make([]*pluginapi.Device, 80000)
 	for i := range devs {
 		devs[i] = &pluginapi.Device{ID: fmt.Sprintf("GPU-%08x-1b2d-4e5f-8a9b-%012d", i/8, i), Health: pluginapi.Healthy}
+		if how.affinity {
+			devs[i].Topology = &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: int64(i % 2)}}}
+		}
 	}
-	h.registered(res1, devs, func(o *plugintest.Options) { o.GetPreferredAllocationAvailable = preferred })
+	h.registered(res1, devs, func(o *plugintest.Options) { o.GetPreferredAllocationAvailable = how.preferred })
 	held := 1000
-	if preferred {
+	if how.preferred || how.affinity {
 		held = 100
 	}
 	for i := range held {

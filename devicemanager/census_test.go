@@ -77,22 +77,15 @@ func TestHintsCensusStaysExact(t *testing.T) {
 	}
 }
 
-// checkAvailable compares the manager's free devices of resource, as a set
-// and as the census counts them (what an admission without an affinity
-// selects from), with a count from scratch.
+// checkAvailable compares the manager's free devices of resource, as the
+// census counts them (what an admission selects from), with a count from
+// scratch.
 func checkAvailable(t *testing.T, m *ManagerImpl, resource string) {
 	t.Helper()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r := m.resources[resource]
-	want := sets.New[string]()
-	for id, d := range r.devices {
-		if d.Health == pluginapi.Healthy && !m.ledger.IsAllocated(resource, id) {
-			want.Insert(id)
-		}
-	}
-	set := m.availableLocked(r)
-	require.True(t, set.Equal(want), "free devices %q, want %q", sets.List(set), sets.List(want))
+	want := available(m, r)
 	view := freeDevices{m.censusLocked(r)}
 	require.Equal(t, want.Len(), view.Len(), "free devices counted")
 	for id := range r.devices {
@@ -100,5 +93,14 @@ func checkAvailable(t *testing.T, m *ManagerImpl, resource string) {
 	}
 }
 
-// available returns the set availableLocked returns. Expects m.mu held.
-func available(m *ManagerImpl, r *resourceState) sets.Set[string] { return m.availableLocked(r) }
+// available returns, from scratch, the healthy devices of r that no record or
+// reservation holds. Expects m.mu held.
+func available(m *ManagerImpl, r *resourceState) sets.Set[string] {
+	out := sets.New[string]()
+	for id, d := range r.devices {
+		if d.Health == pluginapi.Healthy && !r.down && !m.ledger.IsAllocated(r.name, id) {
+			out.Insert(id)
+		}
+	}
+	return out
+}

@@ -4,7 +4,6 @@ import (
 	"maps"
 	"slices"
 
-	"k8s.io/apimachinery/pkg/util/sets"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/openkubelet/devmgr/endpoint"
@@ -392,21 +391,6 @@ func (r *resourceState) markUnhealthy() {
 	}
 	r.healthySorted = nil
 	r.census = nil
-}
-
-// availableLocked returns the healthy devices of r that no record or
-// reservation holds: the sorted healthy IDs the checkpoint is written from,
-// less the allocated ones. Expects m.mu held.
-func (m *ManagerImpl) availableLocked(r *resourceState) sets.Set[string] {
-	healthy := r.sortedHealthy()
-	available := make(sets.Set[string], max(0, len(healthy)-m.ledger.AllocatedCount(r.name)))
-	allocated := m.ledger.AllocatedIn(r.name)
-	for _, id := range healthy {
-		if !allocated(id) {
-			available.Insert(id)
-		}
-	}
-	return available
 }
 
 // allocatedChanged keeps the census of the device's resource up to date when

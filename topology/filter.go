@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"math/bits"
 	"slices"
-	"strings"
 
 	"k8s.io/apimachinery/pkg/util/sets"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -39,26 +38,64 @@ type Tiers struct {
 // without a node, a device with nil Topology or an empty node list, and an
 // available ID missing from devices are NoTopology.
 func FilterByAffinity(affinity *BitMask, devices map[string]*pluginapi.Device, available sets.Set[string]) Tiers {
+	ids := sets.List(available)
 	if affinity == nil || !Aware(devices) {
-		return Tiers{NoTopology: nilIfEmpty(sets.List(available))}
+		return Tiers{NoTopology: nilIfEmpty(ids)}
 	}
-
-	type entry struct {
-		id   string
-		sig  BitMask
-		rank int // position of the device's first node in the walk
-	}
-	entries := make([]entry, 0, len(available))
-	var perNode [maxNode + 1]int
-	for id := range available {
+	return tiersOf(*affinity, ids, func(id string) (BitMask, bool) {
 		sig, _ := signature(devices[id])
+		return sig, true
+	})
+}
+
+// Tiers is FilterByAffinity for the census's devices: those of ids (in ID
+// order, each once; the resource's healthy devices) that the census counts
+// available. It makes one pass over ids and sorts nothing, where
+// FilterByAffinity sorts the available devices: with 80,000 devices an
+// admission with an affinity took 40 ms.
+func (c *Census) Tiers(affinity *BitMask, ids []string) Tiers {
+	if affinity == nil || !c.aware {
+		out := make([]string, 0, c.available)
+		for _, id := range ids {
+			if c.IsAvailable(id) {
+				out = append(out, id)
+			}
+		}
+		return Tiers{NoTopology: nilIfEmpty(out)}
+	}
+	return tiersOf(*affinity, ids, func(id string) (BitMask, bool) {
+		cd, ok := c.devs[id]
+		if !ok || !cd.available {
+			return 0, false
+		}
+		if cd.slot < 0 {
+			return 0, true
+		}
+		return c.t.slots[cd.slot].sig, true
+	})
+}
+
+// tiersOf sorts into tiers, as FilterByAffinity documents, the devices of ids
+// (in ID order, each once) that lookup reports available, with the node set
+// it reports for each. Devices keep the order of ids within a rank.
+func tiersOf(mask BitMask, ids []string, lookup func(id string) (BitMask, bool)) Tiers {
+	type entry struct {
+		id  string
+		sig BitMask
+	}
+	entries := make([]entry, 0, len(ids))
+	var perNode [maxNode + 1]int
+	for _, id := range ids {
+		sig, ok := lookup(id)
+		if !ok {
+			continue
+		}
 		entries = append(entries, entry{id: id, sig: sig})
 		for rest := uint64(sig); rest != 0; rest &= rest - 1 {
 			perNode[bits.TrailingZeros64(rest)]++
 		}
 	}
 
-	mask := *affinity
 	walk := make([]int, 0, maxNode+1)
 	for n, c := range perNode {
 		if c > 0 {
@@ -86,36 +123,36 @@ func FilterByAffinity(affinity *BitMask, devices map[string]*pluginapi.Device, a
 		}
 	}
 
+	// A device's rank is the place of its first node in the walk; one with
+	// no node ranks last (NoTopology). The entries are in ID order, so
+	// placing them by rank, each rank in the order met, sorts them by (rank,
+	// ID) with no comparison.
 	noTopology := len(walk)
-	for i := range entries {
-		e := &entries[i]
-		e.rank = noTopology
-		for rest := uint64(e.sig); rest != 0; rest &= rest - 1 {
-			e.rank = min(e.rank, rankOf[bits.TrailingZeros64(rest)])
+	rank := func(sig BitMask) int {
+		r := noTopology
+		for rest := uint64(sig); rest != 0; rest &= rest - 1 {
+			r = min(r, rankOf[bits.TrailingZeros64(rest)])
 		}
+		return r
 	}
-	slices.SortFunc(entries, func(a, b entry) int {
-		if c := cmp.Compare(a.rank, b.rank); c != 0 {
-			return c
-		}
-		return strings.Compare(a.id, b.id)
-	})
-
-	ids := make([]string, len(entries))
-	aligned, unaligned := 0, 0
-	for i, e := range entries {
-		ids[i] = e.id
-		switch {
-		case e.rank < inMask:
-			aligned++
-		case e.rank < noTopology:
-			unaligned++
-		}
+	start := make([]int, noTopology+2)
+	for _, e := range entries {
+		start[rank(e.sig)+1]++
+	}
+	for r := 1; r < len(start); r++ {
+		start[r] += start[r-1]
+	}
+	aligned, unaligned := start[inMask], start[noTopology]-start[inMask]
+	out := make([]string, len(entries))
+	for _, e := range entries {
+		r := rank(e.sig)
+		out[start[r]] = e.id
+		start[r]++
 	}
 	return Tiers{
-		Aligned:    nilIfEmpty(ids[:aligned:aligned]),
-		Unaligned:  nilIfEmpty(ids[aligned : aligned+unaligned : aligned+unaligned]),
-		NoTopology: nilIfEmpty(ids[aligned+unaligned:]),
+		Aligned:    nilIfEmpty(out[:aligned:aligned]),
+		Unaligned:  nilIfEmpty(out[aligned : aligned+unaligned : aligned+unaligned]),
+		NoTopology: nilIfEmpty(out[aligned+unaligned:]),
 	}
 }
 
