@@ -55,7 +55,8 @@ type selection struct {
 	needed int
 	// free: Available minus picked reusable devices, the snapshot of step 7b.
 	free DeviceSet
-	// aligned: the aligned tier restricted to free, without duplicates.
+	// aligned: the aligned tier restricted to free, without duplicates;
+	// with askFirst, only its first Needed+1 devices.
 	aligned []string
 	// askFirst: step 7d (the plugin chooses among aligned devices) rather than
 	// 7e (all aligned devices taken, the plugin chooses among the rest).
@@ -122,18 +123,34 @@ func start(in SelectInput) (s *selection, done bool, err error) {
 			Resource: in.Resource, Requested: s.needed, Available: s.free.Len(),
 		}
 	}
+	// The free aligned devices, each once, in order, only until they
+	// outnumber the need: then the plugin chooses among them, or the first
+	// are taken, and a tier of tens of thousands costs a few steps.
 	seen := sets.New[string]()
 	for _, id := range in.Tiers.Aligned {
 		if s.free.Has(id) && !seen.Has(id) {
 			seen.Insert(id)
 			s.aligned = append(s.aligned, id)
+			if len(s.aligned) > s.needed {
+				s.askFirst = true
+				return s, false, nil
+			}
 		}
 	}
-	if s.needed < len(s.aligned) {
-		s.askFirst = true
-		return s, false, nil
-	}
 	return s, s.take(s.aligned, nil), nil
+}
+
+// allAligned returns every free aligned device, each once, in order.
+func (s *selection) allAligned() []string {
+	seen := sets.New[string]()
+	var out []string
+	for _, id := range s.in.Tiers.Aligned {
+		if s.free.Has(id) && !seen.Has(id) {
+			seen.Insert(id)
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // query is the plugin request at the current point: the candidates plus
@@ -142,7 +159,7 @@ func (s *selection) query() PreferredQuery {
 	q := PreferredQuery{MustInclude: sets.List(s.has), Size: s.in.Required}
 	switch set, isSet := s.free.(sets.Set[string]); {
 	case s.askFirst:
-		q.Available = sets.List(s.has.Clone().Insert(s.aligned...))
+		q.Available = sets.List(s.has.Clone().Insert(s.allAligned()...))
 	case isSet:
 		q.Available = sets.List(s.has.Union(set))
 	default:
@@ -212,8 +229,14 @@ func Select(in SelectInput, preferred []string) ([]string, error) {
 	}
 	if !done {
 		if s.askFirst {
-			aligned := sets.New(s.aligned...)
-			done = s.take(preferred, aligned.Has) || s.take(s.aligned, nil)
+			if len(preferred) > 0 {
+				aligned := sets.New(s.allAligned()...)
+				done = s.take(preferred, aligned.Has)
+			}
+			// Then aligned devices in order: s.aligned holds the first
+			// Needed+1, and the preference took at most as many of them as
+			// it took devices, so they hold what is left to take.
+			done = done || s.take(s.aligned, nil)
 		} else {
 			done = s.take(preferred, s.free.Has) ||
 				s.take(in.Tiers.Unaligned, s.free.Has) ||

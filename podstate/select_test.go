@@ -335,7 +335,8 @@ func (o opaque) Has(id string) bool { return o.set.Has(id) }
 // A view of the free devices, with tiers that also list devices that are not
 // free (every healthy device in ID order, as devmgr passes without an
 // affinity), selects what the set itself with tiers of free devices only
-// selects, and asks the plugin the same question.
+// selects, and asks the plugin the same question; both as the selection
+// did before it stopped counting aligned devices at the need.
 func TestSelectFromAView(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	pick := func(from []string, p float64) []string {
@@ -397,17 +398,112 @@ func TestSelectFromAView(t *testing.T) {
 		view := set
 		view.Available, view.Tiers = opaque{free}, padded
 
+		q0, ask0 := queryBefore(set)
 		q1, ask1 := PreferredQueryFor(set)
 		q2, ask2 := PreferredQueryFor(view)
-		require.Equal(t, ask1, ask2, "run %d: plugin asked", run)
-		require.Equal(t, q1, q2, "run %d: plugin query", run)
+		require.Equal(t, ask0, ask1, "run %d: plugin asked, set", run)
+		require.Equal(t, ask0, ask2, "run %d: plugin asked, view", run)
+		require.Equal(t, q0, q1, "run %d: plugin query, set", run)
+		require.Equal(t, q0, q2, "run %d: plugin query, view", run)
 		if ask1 {
 			asked++
 		}
+		got0, err0 := selectBefore(set, preferred)
 		got1, err1 := Select(set, preferred)
 		got2, err2 := Select(view, preferred)
-		require.Equal(t, got1, got2, "run %d: picks", run)
-		require.Equal(t, fmt.Sprint(err1), fmt.Sprint(err2), "run %d: error", run)
+		require.Equal(t, got0, got1, "run %d: picks, set", run)
+		require.Equal(t, got0, got2, "run %d: picks, view", run)
+		require.Equal(t, fmt.Sprint(err0), fmt.Sprint(err1), "run %d: error, set", run)
+		require.Equal(t, fmt.Sprint(err0), fmt.Sprint(err2), "run %d: error, view", run)
 	}
 	require.Greater(t, asked, 300, "runs that asked the plugin")
+}
+
+// The selection as it was before start stopped counting aligned devices at
+// the need (2a3b169), for sets: the reference the current one must match.
+type selectionBefore struct {
+	in       SelectInput
+	picked   []string
+	has      sets.Set[string]
+	needed   int
+	free     sets.Set[string]
+	aligned  []string
+	askFirst bool
+}
+
+func (s *selectionBefore) take(ids []string, ok func(string) bool) bool {
+	for _, id := range ids {
+		if s.needed <= 0 {
+			break
+		}
+		if s.has.Has(id) || (ok != nil && !ok(id)) {
+			continue
+		}
+		s.picked = append(s.picked, id)
+		s.has.Insert(id)
+		s.needed--
+	}
+	return s.needed <= 0
+}
+
+func startBefore(in SelectInput) (s *selectionBefore, done bool, err error) {
+	s = &selectionBefore{in: in, has: sets.New[string](), needed: in.Needed}
+	if s.needed <= 0 || s.take(in.Reusable, nil) {
+		return s, true, nil
+	}
+	s.free = in.Available.(sets.Set[string]).Difference(s.has)
+	if len(s.free) < s.needed {
+		return nil, false, &InsufficientDevicesError{Resource: in.Resource, Requested: s.needed, Available: len(s.free)}
+	}
+	seen := sets.New[string]()
+	for _, id := range in.Tiers.Aligned {
+		if s.free.Has(id) && !seen.Has(id) {
+			seen.Insert(id)
+			s.aligned = append(s.aligned, id)
+		}
+	}
+	if s.needed < len(s.aligned) {
+		s.askFirst = true
+		return s, false, nil
+	}
+	return s, s.take(s.aligned, nil), nil
+}
+
+func queryBefore(in SelectInput) (PreferredQuery, bool) {
+	s, done, err := startBefore(in)
+	if err != nil || done {
+		return PreferredQuery{}, false
+	}
+	cands := s.has.Clone()
+	if s.askFirst {
+		cands.Insert(s.aligned...)
+	} else {
+		cands = cands.Union(s.free)
+	}
+	return PreferredQuery{Available: sets.List(cands), MustInclude: sets.List(s.has), Size: in.Required}, true
+}
+
+func selectBefore(in SelectInput, preferred []string) ([]string, error) {
+	s, done, err := startBefore(in)
+	if err != nil {
+		return nil, err
+	}
+	if !done {
+		if s.askFirst {
+			aligned := sets.New(s.aligned...)
+			done = s.take(preferred, aligned.Has) || s.take(s.aligned, nil)
+		} else {
+			done = s.take(preferred, s.free.Has) ||
+				s.take(in.Tiers.Unaligned, s.free.Has) ||
+				s.take(in.Tiers.NoTopology, s.free.Has)
+		}
+	}
+	if !done {
+		return nil, &ShortfallError{Resource: in.Resource, Requested: in.Required, Got: in.Required - s.needed}
+	}
+	if len(s.picked) == 0 {
+		return nil, nil
+	}
+	slices.Sort(s.picked)
+	return s.picked, nil
 }
