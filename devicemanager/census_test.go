@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/openkubelet/devmgr/podstate"
 	"github.com/openkubelet/devmgr/topology"
 )
 
@@ -103,4 +104,35 @@ func available(m *ManagerImpl, r *resourceState) sets.Set[string] {
 		}
 	}
 	return out
+}
+
+// A list that moves devices between NUMA nodes, applied in place, drops the
+// census: admissions with an affinity are tiered by the new nodes, and hints
+// count them, unhealthy devices included.
+func TestCensusFollowsTopologyOnlyUpdates(t *testing.T) {
+	m := &ManagerImpl{resources: map[string]*resourceState{}, ledger: podstate.NewLedger()}
+	m.ledger.OnAllocated = m.allocatedChanged
+	r := newResource(res1)
+	m.resources[res1] = r
+	r.setDevices([]*pluginapi.Device{dev("a", pluginapi.Healthy, 0), dev("b", pluginapi.Healthy, 1), dev("c", pluginapi.Unhealthy, 0)})
+	node0 := topology.BitMask(1)
+	m.censusLocked(r)
+
+	// Healthy devices swap nodes.
+	r.setDevices([]*pluginapi.Device{dev("a", pluginapi.Healthy, 1), dev("b", pluginapi.Healthy, 0), dev("c", pluginapi.Unhealthy, 0)})
+	got := m.censusLocked(r).Tiers(&node0, r.sortedHealthy())
+	require.Equal(t, []string{"b"}, got.Aligned)
+	require.Equal(t, []string{"a"}, got.Unaligned)
+
+	// An unhealthy device gains a node, and its health string changes too:
+	// the resource becomes topology-aware.
+	r = newResource(res2)
+	m.resources[res2] = r
+	r.setDevices([]*pluginapi.Device{dev("a", pluginapi.Healthy), dev("c", pluginapi.Unhealthy)})
+	m.censusLocked(r)
+	r.setDevices([]*pluginapi.Device{dev("a", pluginapi.Healthy), dev("c", "Unknown", 0)})
+	want := topology.ResourceHints(topology.HintRequest{
+		MachineNodes: []int{0, 1}, Devices: r.devices, Available: available(m, r), Reusable: sets.New[string](), Request: 1,
+	})
+	require.Equal(t, want, m.censusLocked(r).Hints([]int{0, 1}, sets.New[string](), nil, 1))
 }

@@ -321,8 +321,11 @@ func (r *resourceState) updateInPlace(devs []*pluginapi.Device, borrowed bool) (
 		}
 		r.lastList[i] = d
 		r.devices[d.ID] = d
-		if d.Health == prev.Health {
+		// The census counts every device by its nodes, unhealthy ones too.
+		if !sameTopology(d.Topology, prev.Topology) {
 			topologyChanged = true
+		}
+		if d.Health == prev.Health {
 			continue
 		}
 		changed = append(changed, d.ID)

@@ -19,8 +19,9 @@ type Tiers struct {
 	NoTopology []string // no NUMA node; every device when there is no affinity
 }
 
-// SelectInput is what device selection (SPEC §3.3 step 7) works from. Build it
-// under the caller's lock; it is not modified.
+// SelectInput is what device selection (SPEC §3.3 step 7) works from. Build
+// and use it under the caller's lock (Available may be a view of the
+// caller's state); it is not modified.
 type SelectInput struct {
 	Resource string // for error messages
 	Required int    // the container's full request for the resource
@@ -113,10 +114,14 @@ func start(in SelectInput) (s *selection, done bool, err error) {
 		return s, true, nil
 	}
 	// free is only read: Available itself, less the reused devices, not a
-	// copy of a set as large as the node's free devices.
+	// copy of a set as large as the node's free devices. A nil Available
+	// is empty.
 	s.free = in.Available
+	if s.free == nil {
+		s.free = sets.Set[string](nil)
+	}
 	if s.has.Len() > 0 {
-		s.free = without(in.Available, s.has)
+		s.free = without(s.free, s.has)
 	}
 	if s.free.Len() < s.needed {
 		return nil, false, &InsufficientDevicesError{

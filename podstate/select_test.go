@@ -46,6 +46,11 @@ func TestSelectRules(t *testing.T) {
 			preferred: []string{"a2", "a1"},
 			wantQuery: &PreferredQuery{Available: []string{"a1", "a2", "a3"}, MustInclude: []string{}, Size: 1},
 			want:      []string{"a2"}},
+		{name: "need below aligned count: a single preferred aligned device is taken",
+			in:        SelectInput{Required: 1, Needed: 1, Available: six, Tiers: tiers},
+			preferred: []string{"a3"},
+			wantQuery: &PreferredQuery{Available: []string{"a1", "a2", "a3"}, MustInclude: []string{}, Size: 1},
+			want:      []string{"a3"}},
 		{name: "need equals aligned count: all aligned, plugin not asked",
 			in:   SelectInput{Required: 3, Needed: 3, Available: six, Tiers: tiers},
 			want: []string{"a1", "a2", "a3"}},
@@ -506,4 +511,15 @@ func selectBefore(in SelectInput, preferred []string) ([]string, error) {
 	}
 	slices.Sort(s.picked)
 	return s.picked, nil
+}
+
+// A nil Available is empty, as a nil DeviceSet is elsewhere in the package.
+func TestSelectNilAvailable(t *testing.T) {
+	in := SelectInput{Resource: res1, Required: 1, Needed: 1}
+	_, err := Select(in, nil)
+	var insufficient *InsufficientDevicesError
+	require.ErrorAs(t, err, &insufficient)
+	assert.Equal(t, 0, insufficient.Available)
+	_, ask := PreferredQueryFor(in)
+	assert.False(t, ask)
 }
