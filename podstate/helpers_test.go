@@ -127,15 +127,21 @@ func tiersFor(devs DeviceInstances, available sets.Set[string], hint []int64) Ti
 				continue
 			}
 			placed.Insert(id)
-			switch rank(n) {
-			case 0:
-				t.Aligned = append(t.Aligned, id)
-			case 1:
-				t.Unaligned = append(t.Unaligned, id)
-			default:
-				t.NoTopology = append(t.NoTopology, id)
-			}
+			t.add(rank(n), id)
 		}
 	}
 	return t
+}
+
+// add appends id to tier 0 (Aligned), 1 (Unaligned) or any other
+// (NoTopology).
+func (t *Tiers) add(tier int, id string) {
+	switch tier {
+	case 0:
+		t.Aligned = append(t.Aligned, id)
+	case 1:
+		t.Unaligned = append(t.Unaligned, id)
+	default:
+		t.NoTopology = append(t.NoTopology, id)
+	}
 }

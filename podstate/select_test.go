@@ -340,8 +340,8 @@ func (o opaque) Has(id string) bool { return o.set.Has(id) }
 // A view of the free devices, with tiers that also list devices that are not
 // free (every healthy device in ID order, as devmgr passes without an
 // affinity), selects what the set itself with tiers of free devices only
-// selects, and asks the plugin the same question; both as the selection
-// did before it stopped counting aligned devices at the need.
+// selects, and asks the plugin the same question; both as Select's
+// documentation says.
 func TestSelectFromAView(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	pick := func(from []string, p float64) []string {
@@ -367,14 +367,7 @@ func TestSelectFromAView(t *testing.T) {
 			if !free.Has(id) {
 				continue
 			}
-			switch rng.IntN(3) {
-			case 0:
-				exact.Aligned = append(exact.Aligned, id)
-			case 1:
-				exact.Unaligned = append(exact.Unaligned, id)
-			default:
-				exact.NoTopology = append(exact.NoTopology, id)
-			}
+			exact.add(rng.IntN(3), id)
 		}
 		// Devices that are not free, inserted anywhere; the free ones keep
 		// their order.
@@ -403,17 +396,16 @@ func TestSelectFromAView(t *testing.T) {
 		view := set
 		view.Available, view.Tiers = opaque{free}, padded
 
-		q0, ask0 := queryBefore(set)
+		got0, q0, err0 := selectByRules(set, preferred)
 		q1, ask1 := PreferredQueryFor(set)
 		q2, ask2 := PreferredQueryFor(view)
-		require.Equal(t, ask0, ask1, "run %d: plugin asked, set", run)
-		require.Equal(t, ask0, ask2, "run %d: plugin asked, view", run)
-		require.Equal(t, q0, q1, "run %d: plugin query, set", run)
-		require.Equal(t, q0, q2, "run %d: plugin query, view", run)
-		if ask1 {
+		require.Equal(t, q0 != nil, ask1, "run %d: plugin asked, set", run)
+		require.Equal(t, q0 != nil, ask2, "run %d: plugin asked, view", run)
+		if q0 != nil {
+			require.Equal(t, *q0, q1, "run %d: plugin query, set", run)
+			require.Equal(t, *q0, q2, "run %d: plugin query, view", run)
 			asked++
 		}
-		got0, err0 := selectBefore(set, preferred)
 		got1, err1 := Select(set, preferred)
 		got2, err2 := Select(view, preferred)
 		require.Equal(t, got0, got1, "run %d: picks, set", run)
@@ -424,102 +416,54 @@ func TestSelectFromAView(t *testing.T) {
 	require.Greater(t, asked, 300, "runs that asked the plugin")
 }
 
-// The selection as it was before start stopped counting aligned devices at
-// the need (2a3b169), for sets: the reference the current one must match.
-type selectionBefore struct {
-	in       SelectInput
-	picked   []string
-	has      sets.Set[string]
-	needed   int
-	free     sets.Set[string]
-	aligned  []string
-	askFirst bool
-}
-
-func (s *selectionBefore) take(ids []string, ok func(string) bool) bool {
-	for _, id := range ids {
-		if s.needed <= 0 {
-			break
+// selectByRules is Select's documentation taken literally, for a set: the
+// picks, the error, and the plugin's query if it would be asked (nil if not).
+func selectByRules(in SelectInput, preferred []string) (picks []string, query *PreferredQuery, err error) {
+	free := in.Available.(sets.Set[string]).Clone()
+	picked := sets.New[string]()
+	left := in.Needed
+	// add picks, in order, the IDs of ids that ok accepts, once each,
+	// until nothing is left to pick.
+	add := func(ids []string, ok func(string) bool) {
+		for _, id := range ids {
+			if left > 0 && !picked.Has(id) && (ok == nil || ok(id)) {
+				picks, left = append(picks, id), left-1
+				picked.Insert(id)
+			}
 		}
-		if s.has.Has(id) || (ok != nil && !ok(id)) {
-			continue
-		}
-		s.picked = append(s.picked, id)
-		s.has.Insert(id)
-		s.needed--
 	}
-	return s.needed <= 0
-}
-
-func startBefore(in SelectInput) (s *selectionBefore, done bool, err error) {
-	s = &selectionBefore{in: in, has: sets.New[string](), needed: in.Needed}
-	if s.needed <= 0 || s.take(in.Reusable, nil) {
-		return s, true, nil
+	add(in.Reusable, nil)
+	free = free.Difference(picked)
+	if left > 0 && free.Len() < left {
+		return nil, nil, &InsufficientDevicesError{Resource: in.Resource, Requested: left, Available: free.Len()}
 	}
-	s.free = in.Available.(sets.Set[string]).Difference(s.has)
-	if len(s.free) < s.needed {
-		return nil, false, &InsufficientDevicesError{Resource: in.Resource, Requested: s.needed, Available: len(s.free)}
-	}
-	seen := sets.New[string]()
+	var aligned []string
 	for _, id := range in.Tiers.Aligned {
-		if s.free.Has(id) && !seen.Has(id) {
-			seen.Insert(id)
-			s.aligned = append(s.aligned, id)
+		if free.Has(id) && !slices.Contains(aligned, id) {
+			aligned = append(aligned, id)
 		}
 	}
-	if s.needed < len(s.aligned) {
-		s.askFirst = true
-		return s, false, nil
+	ask := func(cands sets.Set[string]) {
+		query = &PreferredQuery{Available: sets.List(cands.Union(picked)), MustInclude: sets.List(picked), Size: in.Required}
 	}
-	return s, s.take(s.aligned, nil), nil
-}
-
-func queryBefore(in SelectInput) (PreferredQuery, bool) {
-	s, done, err := startBefore(in)
-	if err != nil || done {
-		return PreferredQuery{}, false
-	}
-	cands := s.has.Clone()
-	if s.askFirst {
-		cands.Insert(s.aligned...)
-	} else {
-		cands = cands.Union(s.free)
-	}
-	return PreferredQuery{Available: sets.List(cands), MustInclude: sets.List(s.has), Size: in.Required}, true
-}
-
-func selectBefore(in SelectInput, preferred []string) ([]string, error) {
-	s, done, err := startBefore(in)
-	if err != nil {
-		return nil, err
-	}
-	if !done {
-		if s.askFirst {
-			aligned := sets.New(s.aligned...)
-			done = s.take(preferred, aligned.Has) || s.take(s.aligned, nil)
-		} else {
-			done = s.take(preferred, s.free.Has) ||
-				s.take(in.Tiers.Unaligned, s.free.Has) ||
-				s.take(in.Tiers.NoTopology, s.free.Has)
+	switch {
+	case left == 0:
+	case left < len(aligned):
+		ask(sets.New(aligned...))
+		add(preferred, sets.New(aligned...).Has)
+		add(aligned, nil)
+	default:
+		add(aligned, nil)
+		if left > 0 {
+			ask(free)
 		}
+		add(preferred, free.Has)
+		add(in.Tiers.Unaligned, free.Has)
+		add(in.Tiers.NoTopology, free.Has)
 	}
-	if !done {
-		return nil, &ShortfallError{Resource: in.Resource, Requested: in.Required, Got: in.Required - s.needed}
+	if left > 0 {
+		return nil, query, &ShortfallError{Resource: in.Resource, Requested: in.Required, Got: in.Required - left}
 	}
-	if len(s.picked) == 0 {
-		return nil, nil
-	}
-	slices.Sort(s.picked)
-	return s.picked, nil
-}
-
-// A nil Available is empty, as a nil DeviceSet is elsewhere in the package.
-func TestSelectNilAvailable(t *testing.T) {
-	in := SelectInput{Resource: res1, Required: 1, Needed: 1}
-	_, err := Select(in, nil)
-	var insufficient *InsufficientDevicesError
-	require.ErrorAs(t, err, &insufficient)
-	assert.Equal(t, 0, insufficient.Available)
-	_, ask := PreferredQueryFor(in)
-	assert.False(t, ask)
+	slices.Sort(picks)
+	return picks, query, nil
 }

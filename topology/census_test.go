@@ -1,11 +1,9 @@
 package topology
 
 import (
-	"cmp"
-	"math/bits"
+	"maps"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -39,17 +37,7 @@ func TestCensusMatchesResourceHints(t *testing.T) {
 				withHints++
 			}
 			// Some devices are allocated or released.
-			for id := range r.Devices {
-				if rng.IntN(4) == 0 {
-					avail := !r.Available.Has(id)
-					c.SetAvailable(id, avail)
-					if avail {
-						r.Available.Insert(id)
-					} else {
-						r.Available.Delete(id)
-					}
-				}
-			}
+			flipSome(rng, r, c)
 			c.SetAvailable("ghost-never-listed", true) // ignored
 		}
 	}
@@ -70,94 +58,71 @@ func BenchmarkCensusHints(b *testing.B) {
 	}
 }
 
-// filterByAffinityBefore is FilterByAffinity as it was before it walked the
-// devices in ID order (it sorted them): the reference for the one-pass
-// versions.
-func filterByAffinityBefore(affinity *BitMask, devices map[string]*pluginapi.Device, available sets.Set[string]) Tiers {
+// tiersByDefinition is FilterByAffinity's documentation taken literally,
+// with maps and a stable sort: the reference for the one-pass versions.
+func tiersByDefinition(affinity *BitMask, devices map[string]*pluginapi.Device, available sets.Set[string]) Tiers {
+	ids := sets.List(available)
 	if affinity == nil || !Aware(devices) {
-		return Tiers{NoTopology: nilIfEmpty(sets.List(available))}
+		return Tiers{NoTopology: nilIfEmpty(ids)}
 	}
-
-	type entry struct {
-		id   string
-		sig  BitMask
-		rank int // position of the device's first node in the walk
-	}
-	entries := make([]entry, 0, len(available))
-	var perNode [maxNode + 1]int
-	for id := range available {
-		sig, _ := signature(devices[id])
-		entries = append(entries, entry{id: id, sig: sig})
-		for rest := uint64(sig); rest != 0; rest &= rest - 1 {
-			perNode[bits.TrailingZeros64(rest)]++
-		}
-	}
-
-	mask := *affinity
-	walk := make([]int, 0, maxNode+1)
-	for n, c := range perNode {
-		if c > 0 {
-			walk = append(walk, n)
-		}
-	}
-	slices.SortFunc(walk, func(a, b int) int {
-		if ia, ib := mask.IsSet(a), mask.IsSet(b); ia != ib {
-			if ia {
-				return -1
+	nodesOf := map[string][]int{}
+	count := map[int]int{} // available devices per node
+	for _, id := range ids {
+		if sig, ok := signature(devices[id]); ok {
+			for n := range maxNode + 1 {
+				if sig.IsSet(n) {
+					nodesOf[id] = append(nodesOf[id], n)
+					count[n]++
+				}
 			}
-			return 1
 		}
-		if c := cmp.Compare(perNode[a], perNode[b]); c != 0 {
-			return c
+	}
+	// The walk: nodes of the affinity first, then by available devices,
+	// then by number.
+	walk := slices.Collect(maps.Keys(count))
+	key := func(n int) []int {
+		outside := 1
+		if affinity.IsSet(n) {
+			outside = 0
 		}
-		return cmp.Compare(a, b)
-	})
-	var rankOf [maxNode + 1]int
+		return []int{outside, count[n], n}
+	}
+	slices.SortFunc(walk, func(a, b int) int { return slices.Compare(key(a), key(b)) })
+	place := map[int]int{}
 	inMask := 0
 	for i, n := range walk {
-		rankOf[n] = i
-		if mask.IsSet(n) {
+		place[n] = i
+		if affinity.IsSet(n) {
 			inMask++
 		}
 	}
-
-	noTopology := len(walk)
-	for i := range entries {
-		e := &entries[i]
-		e.rank = noTopology
-		for rest := uint64(e.sig); rest != 0; rest &= rest - 1 {
-			e.rank = min(e.rank, rankOf[bits.TrailingZeros64(rest)])
+	// A device goes under the first of its nodes in the walk.
+	rank := func(id string) int {
+		r := len(walk)
+		for _, n := range nodesOf[id] {
+			r = min(r, place[n])
+		}
+		return r
+	}
+	slices.SortStableFunc(ids, func(a, b string) int { return rank(a) - rank(b) })
+	var t Tiers
+	for _, id := range ids {
+		switch r := rank(id); {
+		case r < inMask:
+			t.Aligned = append(t.Aligned, id)
+		case r < len(walk):
+			t.Unaligned = append(t.Unaligned, id)
+		default:
+			t.NoTopology = append(t.NoTopology, id)
 		}
 	}
-	slices.SortFunc(entries, func(a, b entry) int {
-		if c := cmp.Compare(a.rank, b.rank); c != 0 {
-			return c
-		}
-		return strings.Compare(a.id, b.id)
-	})
-
-	ids := make([]string, len(entries))
-	aligned, unaligned := 0, 0
-	for i, e := range entries {
-		ids[i] = e.id
-		switch {
-		case e.rank < inMask:
-			aligned++
-		case e.rank < noTopology:
-			unaligned++
-		}
-	}
-	return Tiers{
-		Aligned:    nilIfEmpty(ids[:aligned:aligned]),
-		Unaligned:  nilIfEmpty(ids[aligned : aligned+unaligned : aligned+unaligned]),
-		NoTopology: nilIfEmpty(ids[aligned+unaligned:]),
-	}
+	return t
 }
 
 // FilterByAffinity and Census.Tiers, which sort nothing, give the tiers the
-// sorting version gave, on the cross-check's random resources, for random
+// documentation defines, on the cross-check's random resources, for random
 // affinities (none, empty, any nodes), as devices change availability.
-func TestTiersMatchTheSortingFilter(t *testing.T) {
+func TestTiersMatchTheirDefinition(t *testing.T) {
 	aware := 0
 	for seed := range uint64(3000) {
 		rng := rand.New(rand.NewPCG(seed, 11))
@@ -176,7 +141,7 @@ func TestTiersMatchTheSortingFilter(t *testing.T) {
 		}
 		// FilterByAffinity takes IDs that are not devices too.
 		a := affinity()
-		require.Equal(t, filterByAffinityBefore(a, r.Devices, r.Available), FilterByAffinity(a, r.Devices, r.Available), "seed %d", seed)
+		require.Equal(t, tiersByDefinition(a, r.Devices, r.Available), FilterByAffinity(a, r.Devices, r.Available), "seed %d", seed)
 
 		for id := range r.Available {
 			if _, ok := r.Devices[id]; !ok {
@@ -190,21 +155,27 @@ func TestTiersMatchTheSortingFilter(t *testing.T) {
 		}
 		for step := range 4 {
 			a := affinity()
-			want := filterByAffinityBefore(a, r.Devices, r.Available)
+			want := tiersByDefinition(a, r.Devices, r.Available)
 			require.Equal(t, want, FilterByAffinity(a, r.Devices, r.Available), "seed %d step %d", seed, step)
 			require.Equal(t, want, c.Tiers(a, ids), "seed %d step %d: census", seed, step)
-			for id := range r.Devices {
-				if rng.IntN(4) == 0 {
-					avail := !r.Available.Has(id)
-					c.SetAvailable(id, avail)
-					if avail {
-						r.Available.Insert(id)
-					} else {
-						r.Available.Delete(id)
-					}
-				}
-			}
+			flipSome(rng, r, c)
 		}
 	}
 	assert.Greater(t, aware, 1000, "topology-aware resources")
+}
+
+// flipSome makes about a quarter of r's devices change availability, in r and
+// in c alike, as allocations come and go.
+func flipSome(rng *rand.Rand, r HintRequest, c *Census) {
+	for id := range r.Devices {
+		if rng.IntN(4) == 0 {
+			avail := !r.Available.Has(id)
+			c.SetAvailable(id, avail)
+			if avail {
+				r.Available.Insert(id)
+			} else {
+				r.Available.Delete(id)
+			}
+		}
+	}
 }
