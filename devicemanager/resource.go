@@ -322,7 +322,7 @@ func (r *resourceState) updateInPlace(devs []*pluginapi.Device, borrowed bool) (
 		r.lastList[i] = d
 		r.devices[d.ID] = d
 		// The census counts every device by its nodes, unhealthy ones too.
-		if !sameTopology(d.Topology, prev.Topology) {
+		if !topologyChanged && !sameTopology(d.Topology, prev.Topology) {
 			topologyChanged = true
 		}
 		if d.Health == prev.Health {

@@ -65,10 +65,6 @@ func TestLedgerQueries(t *testing.T) {
 	assert.Equal(t, 4, l.AllocatedCount(res1))
 	assert.True(t, l.IsAllocated(res2, "d1"))
 	assert.False(t, l.IsAllocated(res2, "d2"))
-	in := l.AllocatedIn(res2)
-	assert.True(t, in("d1"))
-	assert.False(t, in("d2"))
-	assert.False(t, l.AllocatedIn("none")("d1"))
 	assert.Equal(t, []string{res1, res2}, l.AllocatedResources())
 	assert.Empty(t, l.Allocated("none"))
 }

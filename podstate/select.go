@@ -128,28 +128,26 @@ func start(in SelectInput) (s *selection, done bool, err error) {
 			Resource: in.Resource, Requested: s.needed, Available: s.free.Len(),
 		}
 	}
-	// The free aligned devices, each once, in order, only until they
-	// outnumber the need: then the plugin chooses among them, or the first
-	// are taken, and a tier of tens of thousands costs a few steps.
-	seen := sets.New[string]()
-	for _, id := range in.Tiers.Aligned {
-		if s.free.Has(id) && !seen.Has(id) {
-			seen.Insert(id)
-			s.aligned = append(s.aligned, id)
-			if len(s.aligned) > s.needed {
-				s.askFirst = true
-				return s, false, nil
-			}
-		}
+	// The free aligned devices only until they outnumber the need: then
+	// the plugin chooses among them, or the first are taken, and a tier of
+	// tens of thousands costs a few steps.
+	s.aligned = s.freeAligned(s.needed + 1)
+	if len(s.aligned) > s.needed {
+		s.askFirst = true
+		return s, false, nil
 	}
 	return s, s.take(s.aligned, nil), nil
 }
 
-// allAligned returns every free aligned device, each once, in order.
-func (s *selection) allAligned() []string {
+// freeAligned returns the free aligned devices, each once, in order: the
+// first limit of them, or all when limit is negative.
+func (s *selection) freeAligned(limit int) []string {
 	seen := sets.New[string]()
 	var out []string
 	for _, id := range s.in.Tiers.Aligned {
+		if len(out) == limit {
+			break
+		}
 		if s.free.Has(id) && !seen.Has(id) {
 			seen.Insert(id)
 			out = append(out, id)
@@ -164,7 +162,7 @@ func (s *selection) query() PreferredQuery {
 	q := PreferredQuery{MustInclude: sets.List(s.has), Size: s.in.Required}
 	switch set, isSet := s.free.(sets.Set[string]); {
 	case s.askFirst:
-		q.Available = sets.List(s.has.Clone().Insert(s.allAligned()...))
+		q.Available = sets.List(s.has.Clone().Insert(s.freeAligned(-1)...))
 	case isSet:
 		q.Available = sets.List(s.has.Union(set))
 	default:
@@ -235,7 +233,7 @@ func Select(in SelectInput, preferred []string) ([]string, error) {
 	if !done {
 		if s.askFirst {
 			if len(preferred) > 0 {
-				aligned := sets.New(s.allAligned()...)
+				aligned := sets.New(s.freeAligned(-1)...)
 				done = s.take(preferred, aligned.Has)
 			}
 			// Then aligned devices in order: s.aligned holds the first
