@@ -52,7 +52,7 @@ bench:
 ## unshare -m (the kubelet side runs in a private mount namespace). bench/ is
 ## a module of its own, so the library never depends on k8s.io/kubernetes.
 bench-compare:
-	cd bench && $(GO) run . compare -runs $(BENCHRUNS) -out ../docs/PERFORMANCE.md
+	cd bench && $(GO) run . compare -go "$(GO)" -runs $(BENCHRUNS) -out ../docs/PERFORMANCE.md
 
 ## bench-check: bench/ (a module of its own, which make test does not reach)
 ## is tidy, passes go vet and its tests, which run every workload once against
@@ -61,7 +61,7 @@ bench-compare:
 ## k8s.io/kubernetes and its dependencies (about 500 MB) and builds them
 ## (two to three minutes on two CPUs).
 bench-check:
-	cd bench && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) test -count=1 ./...
+	cd bench && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) vet -tags devmgronly ./... && $(GO) test -count=1 ./...
 
 ## fuzz: every fuzz target for FUZZTIME each (.ci/fuzz-target runs one).
 fuzz:

@@ -68,7 +68,11 @@ exec "$@"
 `
 
 type driver struct {
+	// self is this program, which links both implementations: it runs the
+	// kubelet's side. lean runs devmgr's side and the floors: self with
+	// -one-binary, otherwise the build of buildLean.
 	self    string
+	lean    string
 	base    string
 	impls   []string
 	timeout time.Duration
@@ -91,6 +95,8 @@ func compareMain(args []string) error {
 	timeout := fs.Duration("timeout", 15*time.Minute, "limit of one run")
 	poll := fs.Duration("poll", pollInterval, "pause between polls of GetCapacity or the checkpoint in the runs (0: a tight loop)")
 	rev := fs.String("rev", "", "how to name the devmgr under test in the report (default: git describe of ..)")
+	oneBinary := fs.Bool("one-binary", false, "run devmgr and the floors in this binary, which links the kubelet too, instead of a build with -tags devmgronly")
+	goCmd := fs.String("go", "go", "the go command that builds the devmgr-only bench")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -142,8 +148,16 @@ func compareMain(args []string) error {
 	}
 	defer os.RemoveAll(base)
 	common := []string{"-poll", poll.String()}
-	d := &driver{self: self, base: base, impls: impls, timeout: *timeout, common: common,
+	d := &driver{self: self, lean: self, base: base, impls: impls, timeout: *timeout, common: common,
 		results: map[string]map[string][]result{}, prep: map[string]result{}}
+	binaries := binaryInfo{full: fileSize(self)}
+	if !*oneBinary {
+		if d.lean, err = buildLean(ctx, *goCmd, base); err != nil {
+			return err
+		}
+		binaries.lean = fileSize(d.lean)
+		logf("built %s (%s), which links no k8s.io/kubernetes package", d.lean, formatBytes(float64(binaries.lean)))
+	}
 
 	started := time.Now()
 	var selected []job
@@ -242,6 +256,7 @@ func compareMain(args []string) error {
 		floorLen: floorSize,
 		loads:    d.loads,
 		poll:     *poll,
+		binaries: binaries,
 	}
 	text := rep.markdown()
 	if *out != "" {
@@ -286,7 +301,7 @@ func (d *driver) child(ctx context.Context, impl, dir, workload string, extra []
 		cmd = exec.CommandContext(ctx, "unshare", append([]string{"-m", "--propagation", "private",
 			"sh", "-c", nsScript, "bench-ns", dir, d.self}, argv...)...)
 	} else {
-		cmd = exec.CommandContext(ctx, d.self, argv...)
+		cmd = exec.CommandContext(ctx, d.lean, argv...)
 	}
 	d.loads = append(d.loads, loadAvg())
 	var stdout, stderr bytes.Buffer
@@ -394,4 +409,42 @@ func loadAvg() float64 {
 
 func logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}
+
+// buildLean builds this program with -tags devmgronly into dir, from the
+// sources in the working directory (bench/, where make bench-compare runs
+// it), and returns the binary's path. That build links devmgr, plugintest
+// and what they import, but no k8s.io/kubernetes package: in this binary,
+// which links the kubelet's device manager too, every process starts by
+// initialising the kubelet's packages (about 6 MB allocated before main,
+// and tens of MiB of the binary resident), which a program embedding devmgr
+// never does, and which the peak RSS of devmgr's runs would count.
+func buildLean(ctx context.Context, goCmd, dir string) (string, error) {
+	src, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	mod, err := os.ReadFile(filepath.Join(src, "go.mod"))
+	if err != nil || !bytes.HasPrefix(mod, []byte("module github.com/openkubelet/devmgr/bench\n")) {
+		return "", fmt.Errorf("compare: run it in bench/ (it builds the devmgr-only bench from there), or pass -one-binary")
+	}
+	out := filepath.Join(dir, "bench-devmgronly")
+	cmd := exec.CommandContext(ctx, goCmd, "build", "-tags", "devmgronly", "-o", out, ".")
+	cmd.Dir = src
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("compare: build the devmgr-only bench: %w\n%s", err, bytes.TrimSpace(b))
+	}
+	return out, nil
+}
+
+// binaryInfo are the sizes of the programs that ran each side; lean is 0
+// when devmgr ran in the full one (-one-binary).
+type binaryInfo struct{ full, lean int64 }
+
+func fileSize(path string) int64 {
+	info, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return info.Size()
 }

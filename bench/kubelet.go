@@ -1,3 +1,5 @@
+//go:build !devmgronly
+
 package main
 
 import (

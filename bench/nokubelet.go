@@ -1,0 +1,15 @@
+//go:build devmgronly
+
+package main
+
+import (
+	"errors"
+
+	"github.com/go-logr/logr"
+)
+
+// newKubeletSubject, in a bench built with -tags devmgronly, refuses: that
+// build links no k8s.io/kubernetes package (see leanBinary).
+func newKubeletSubject(string, logr.Logger) (subject, error) {
+	return nil, errors.New("this bench was built with -tags devmgronly, without the kubelet's device manager")
+}
