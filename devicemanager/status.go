@@ -4,7 +4,6 @@ import (
 	"slices"
 	"strings"
 
-	"k8s.io/apimachinery/pkg/util/sets"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
@@ -61,7 +60,13 @@ func (m *ManagerImpl) Status() []ResourceStatus {
 			Free:                   m.censusLocked(r).Available(),
 			RestoredFromCheckpoint: !r.listed,
 		}
-		for _, id := range sets.List(sets.KeySet(r.devices)) {
+		// The resource keeps its IDs sorted (the checkpoint needs them so),
+		// instead of a sort of every ID under the lock on each call.
+		ids := r.sortedDeviceIDs()
+		if len(ids) > 0 {
+			rs.Devices = make([]DeviceStatus, 0, len(ids))
+		}
+		for _, id := range ids {
 			d := r.devices[id]
 			health := d.GetHealth()
 			if health == pluginapi.Healthy && !r.isHealthy(id) {

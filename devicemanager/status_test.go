@@ -48,3 +48,26 @@ func TestStatus(t *testing.T) {
 	assert.Equal(t, 1, got[0].Allocated)
 	assert.Equal(t, []EndpointStatus{{Resource: res1, Stopped: true}}, got[0].Endpoints)
 }
+
+// TestStatusFollowsNewIDs: Status lists the devices of the latest list in ID
+// order, after lists that change the set of IDs and after a health flip.
+func TestStatusFollowsNewIDs(t *testing.T) {
+	h := newHarness(t).start()
+	p := h.registered(res1, []*pluginapi.Device{dev("b", pluginapi.Healthy), dev("a", pluginapi.Healthy)})
+	ids := func() []string {
+		var out []string
+		for _, d := range h.m.Status()[0].Devices {
+			out = append(out, d.ID+"/"+d.Health)
+		}
+		return out
+	}
+	assert.Equal(t, []string{"a/Healthy", "b/Healthy"}, ids())
+
+	p.Update([]*pluginapi.Device{dev("d", pluginapi.Healthy), dev("c", pluginapi.Unhealthy), dev("a", pluginapi.Healthy)})
+	h.waitCapacity(res1, 3, 2)
+	assert.Equal(t, []string{"a/Healthy", "c/Unhealthy", "d/Healthy"}, ids())
+
+	p.Update([]*pluginapi.Device{dev("d", pluginapi.Unhealthy), dev("c", pluginapi.Unhealthy), dev("a", pluginapi.Healthy)})
+	h.waitCapacity(res1, 3, 1)
+	assert.Equal(t, []string{"a/Healthy", "c/Unhealthy", "d/Unhealthy"}, ids())
+}
