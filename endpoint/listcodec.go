@@ -103,7 +103,10 @@ func (c *listCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	c.lastSize = len(raw)
 	spans, ok := deviceSpans(raw, c.spare[:0])
 	if !ok {
+		// Not a device list in the usual form: nothing is kept for the next
+		// message, and no array that is oversized for this one either.
 		c.reset()
+		c.dropOversized(len(raw), 0)
 		return proto.Unmarshal(raw, msg)
 	}
 	devs := make([]*pluginapi.Device, len(spans))
@@ -196,13 +199,20 @@ func (c *listCodec) same(raw []byte, s span, i int) bool {
 // a stream that then falls quiet to keep nothing of the huge one.
 func (c *listCodec) keep(raw []byte, spans []span, devs []*pluginapi.Device) {
 	c.spare = c.spans
-	if oversized(cap(c.spare)*spanBytes, len(spans)*spanBytes) {
+	c.dropOversized(len(raw), len(spans))
+	c.prev, c.spans, c.devs = raw, spans, devs
+}
+
+// dropOversized lets go of the spare spans and of the message array that
+// did not take the last message (n bytes, with spans devices), if they are
+// oversized for it.
+func (c *listCodec) dropOversized(n, spans int) {
+	if oversized(cap(c.spare)*spanBytes, spans*spanBytes) {
 		c.spare = nil
 	}
-	if other := c.turn ^ 1; oversized(cap(c.bufs[other]), len(raw)) {
+	if other := c.turn ^ 1; oversized(cap(c.bufs[other]), n) {
 		c.bufs[other] = nil
 	}
-	c.prev, c.spans, c.devs = raw, spans, devs
 }
 
 // reset forgets the previous message.

@@ -546,4 +546,19 @@ func TestListCodecMessageArrays(t *testing.T) {
 	prev := c.prev
 	decode(small)
 	assert.Same(t, &prev[0], &decode(small)[0], "an array was not reused")
+
+	// A message that is not a device list in the usual form (here, with a
+	// field the API does not have) is decoded by proto.Unmarshal; after a
+	// large list it too leaves no array kept for the large one.
+	decode(large)
+	decode(large)
+	odd := protowire.AppendVarint(protowire.AppendTag(small.Materialize(), 15, protowire.VarintType), 1)
+	msg := &pluginapi.ListAndWatchResponse{}
+	require.NoError(t, c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(odd)}, msg))
+	require.Len(t, msg.Devices, 100)
+	assert.Nil(t, c.prev, "nothing kept for the next message")
+	for i, buf := range c.bufs {
+		assert.LessOrEqual(t, cap(buf), 4*(len(odd)+minKeptBuffer), "array %d kept after a large message", i)
+	}
+	assert.LessOrEqual(t, cap(c.spare), 4*(minKeptBuffer/spanBytes), "spare spans kept after a large message")
 }
