@@ -295,18 +295,16 @@ func (m *ManagerImpl) UpdateAllocatedDevices() {
 // being admitted and pods that committed an allocation after commit sequence
 // seen (the active list may predate them). Expects m.mu held.
 func (m *ManagerImpl) collectPodsLocked(active []*v1.Pod, seen uint64) {
-	// Every admission collects, with the whole active list: first count,
-	// without allocating, the distinct active pods that hold records; when
-	// that is all of them there is nothing to collect.
-	m.gcStamp++
-	n := 0
-	for _, p := range active {
-		uid := string(p.UID)
-		if m.ledger.HasPod(uid) && m.gcMarks[uid] != m.gcStamp {
-			m.gcMarks[uid] = m.gcStamp
-			n++
+	// Every admission collects, with the whole active list: first count the
+	// distinct active pods that hold records (one lookup each, nothing
+	// allocated); when that is all of them there is nothing to collect.
+	n := m.ledger.CountHeld(func(yield func(string) bool) {
+		for _, p := range active {
+			if !yield(string(p.UID)) {
+				return
+			}
 		}
-	}
+	})
 	if n == m.ledger.Len() {
 		return
 	}
@@ -323,16 +321,10 @@ func (m *ManagerImpl) collectPodsLocked(active []*v1.Pod, seen uint64) {
 	if len(gone) == 0 {
 		return
 	}
-	for uid := range m.gcMarks {
-		if !m.ledger.HasPod(uid) {
-			delete(m.gcMarks, uid)
-		}
-	}
 	m.ledger.DeletePods(gone...)
 	for _, uid := range gone {
 		delete(m.reuse, uid)
 		delete(m.lastCommit, uid)
-		delete(m.gcMarks, uid)
 	}
 	m.log.V(3).Info("Removed allocations of inactive pods", "podUIDs", gone)
 }

@@ -92,10 +92,6 @@ type ManagerImpl struct {
 	// read the active pods).
 	commitSeq  uint64
 	lastCommit map[string]uint64
-	// gcMarks and gcStamp let garbage collection count the active pods
-	// holding records without allocating a set each time.
-	gcMarks map[string]uint64
-	gcStamp uint64
 	// gen counts changes of the checkpoint's content.
 	gen uint64
 	// connSeq numbers plugin registrations.
@@ -132,7 +128,6 @@ func NewManagerImpl(opts Options) (*ManagerImpl, error) {
 		inflight:        map[string]int{},
 		inflightRPCs:    map[podstate.ReservationID]time.Time{},
 		lastCommit:      map[string]uint64{},
-		gcMarks:         map[string]uint64{},
 		inflightChanged: make(chan struct{}),
 		activePods:      func() []*v1.Pod { return nil },
 		sourcesReady:    alwaysReady{},

@@ -1,6 +1,7 @@
 package podstate
 
 import (
+	"iter"
 	"slices"
 
 	"google.golang.org/protobuf/proto"
@@ -20,6 +21,10 @@ import (
 // call NewLedger.
 type Ledger struct {
 	pods map[string]map[string]map[string]*record // podUID -> container -> resource
+	// marks has an entry for every pod of pods, for CountHeld; stamp is
+	// the mark of its last call.
+	marks map[string]*uint64
+	stamp uint64
 
 	// index: resource -> device ID -> who holds it (records and reservations).
 	// A device is allocated iff it has an entry.
@@ -58,6 +63,7 @@ type record struct {
 func NewLedger() *Ledger {
 	return &Ledger{
 		pods:       make(map[string]map[string]map[string]*record),
+		marks:      make(map[string]*uint64),
 		index:      make(map[string]map[string]*holders),
 		pending:    make(map[ReservationID]*reservation),
 		unwritable: make(map[recordKey]error),
@@ -107,6 +113,7 @@ func (l *Ledger) put(ref ContainerRef, resource string, rec *record) {
 	if ctrs == nil {
 		ctrs = make(map[string]map[string]*record)
 		l.pods[ref.PodUID] = ctrs
+		l.marks[ref.PodUID] = new(uint64)
 	}
 	recs := ctrs[ref.ContainerName]
 	if recs == nil {
@@ -137,6 +144,7 @@ func (l *Ledger) DeletePods(podUIDs ...string) {
 			}
 		}
 		delete(l.pods, uid)
+		delete(l.marks, uid)
 		gone.Insert(uid)
 	}
 	l.untrackPods(gone)
@@ -164,6 +172,7 @@ func (l *Ledger) DeleteContainerResources(podUID, containerName string, resource
 	}
 	if len(ctrs) == 0 {
 		delete(l.pods, podUID)
+		delete(l.marks, podUID)
 	}
 }
 
@@ -172,6 +181,22 @@ func (l *Ledger) Pods() sets.Set[string] { return sets.KeySet(l.pods) }
 
 // Len returns the number of pods that have records.
 func (l *Ledger) Len() int { return len(l.pods) }
+
+// CountHeld returns how many distinct pods among podUIDs have records. It
+// looks each UID up once and allocates nothing, so that a caller can check
+// on every admission, against the whole list of active pods, whether every
+// pod with records is still active (the count equals Len).
+func (l *Ledger) CountHeld(podUIDs iter.Seq[string]) int {
+	l.stamp++
+	n := 0
+	for uid := range podUIDs {
+		if m := l.marks[uid]; m != nil && *m != l.stamp {
+			*m = l.stamp
+			n++
+		}
+	}
+	return n
+}
 
 // HasPod reports whether the pod has records.
 func (l *Ledger) HasPod(podUID string) bool {

@@ -1,6 +1,10 @@
 package podstate
 
 import (
+	"fmt"
+	"iter"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -262,4 +266,38 @@ func TestOnAllocatedReportsFlips(t *testing.T) {
 		{res1, "b", false}, {res1, "a", false},
 		{res2, "a", true}, {res2, "a", false},
 	}, got)
+}
+
+// TestCountHeld: CountHeld counts each listed pod that has records once,
+// however often it is listed, through inserts, container undos and pod
+// deletions, and after a pod is held again once deleted.
+func TestCountHeld(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	l := NewLedger()
+	uids := []string{"p0", "p1", "p2", "p3", "p4", "p5"}
+	list := func(uids ...string) iter.Seq[string] { return slices.Values(uids) }
+	for step := range 400 {
+		uid := uids[rng.IntN(len(uids))]
+		ctr := []string{"a", "b"}[rng.IntN(2)]
+		switch rng.IntN(3) {
+		case 0:
+			l.Insert(uid, ctr, res1, checkpoint.DevicesPerNUMA{0: {fmt.Sprintf("d%d", step)}}, newResp())
+		case 1:
+			l.DeleteContainerResources(uid, ctr, res1)
+		case 2:
+			l.DeletePods(uid)
+		}
+		var active []string
+		for range rng.IntN(8) {
+			active = append(active, uids[rng.IntN(len(uids))], "not-a-pod")
+		}
+		want := 0
+		for _, u := range slices.Compact(slices.Sorted(slices.Values(active))) {
+			if l.HasPod(u) {
+				want++
+			}
+		}
+		require.Equal(t, want, l.CountHeld(list(active...)), "step %d, active %v", step, active)
+		require.Equal(t, l.Len(), l.CountHeld(list(uids...)), "step %d, every pod listed", step)
+	}
 }
