@@ -61,7 +61,7 @@ bench-compare:
 ## k8s.io/kubernetes and its dependencies (about 500 MB) and builds them
 ## (two to three minutes on two CPUs).
 bench-check:
-	cd bench && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) vet -tags devmgronly ./... && $(GO) test -count=1 ./...
+	cd bench && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) vet -tags devmgronly ./... && $(GO) vet -tags kubeletonly ./... && $(GO) test -count=1 ./...
 
 ## fuzz: every fuzz target for FUZZTIME each (.ci/fuzz-target runs one).
 fuzz:

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"debug/buildinfo"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -14,10 +15,13 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // job is one workload variant; each run of it is a fresh process per
@@ -68,11 +72,11 @@ exec "$@"
 `
 
 type driver struct {
-	// self is this program, which links both implementations: it runs the
-	// kubelet's side. lean runs devmgr's side and the floors: self with
-	// -one-binary, otherwise the build of buildLean.
+	// self is this program, which links both implementations. bins runs
+	// each side ("devmgr" also runs the floors): self with -one-binary,
+	// otherwise the builds of buildSides.
 	self    string
-	lean    string
+	bins    map[string]string
 	base    string
 	impls   []string
 	timeout time.Duration
@@ -148,15 +152,20 @@ func compareMain(args []string) error {
 	}
 	defer os.RemoveAll(base)
 	common := []string{"-poll", poll.String()}
-	d := &driver{self: self, lean: self, base: base, impls: impls, timeout: *timeout, common: common,
-		results: map[string]map[string][]result{}, prep: map[string]result{}}
-	binaries := binaryInfo{full: fileSize(self)}
+	d := &driver{self: self, bins: map[string]string{"devmgr": self, "kubelet": self}, base: base, impls: impls,
+		timeout: *timeout, common: common, results: map[string]map[string][]result{}, prep: map[string]result{}}
+	binaries := binaryInfo{one: fileSize(self)}
 	if !*oneBinary {
-		if d.lean, err = buildLean(ctx, *goCmd, base); err != nil {
+		binDir, err := os.MkdirTemp("", "devmgr-bench-bin-")
+		if err != nil {
 			return err
 		}
-		binaries.lean = fileSize(d.lean)
-		logf("built %s (%s), which links no k8s.io/kubernetes package", d.lean, formatBytes(float64(binaries.lean)))
+		defer os.RemoveAll(binDir)
+		if d.bins, err = buildSides(ctx, *goCmd, binDir); err != nil {
+			return err
+		}
+		binaries = binaryInfo{devmgr: fileSize(d.bins["devmgr"]), kubelet: fileSize(d.bins["kubelet"])}
+		logf("built devmgr's side (%s) and the kubelet's (%s)", formatBytes(float64(binaries.devmgr)), formatBytes(float64(binaries.kubelet)))
 	}
 
 	started := time.Now()
@@ -299,9 +308,9 @@ func (d *driver) child(ctx context.Context, impl, dir, workload string, extra []
 	var cmd *exec.Cmd
 	if impl == "kubelet" {
 		cmd = exec.CommandContext(ctx, "unshare", append([]string{"-m", "--propagation", "private",
-			"sh", "-c", nsScript, "bench-ns", dir, d.self}, argv...)...)
+			"sh", "-c", nsScript, "bench-ns", dir, d.bins["kubelet"]}, argv...)...)
 	} else {
-		cmd = exec.CommandContext(ctx, d.lean, argv...)
+		cmd = exec.CommandContext(ctx, d.bins["devmgr"], argv...)
 	}
 	d.loads = append(d.loads, loadAvg())
 	var stdout, stderr bytes.Buffer
@@ -411,35 +420,51 @@ func logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
 }
 
-// buildLean builds this program with -tags devmgronly into dir, from the
-// sources in the working directory (bench/, where make bench-compare runs
-// it), and returns the binary's path. That build links devmgr, plugintest
-// and what they import, but no k8s.io/kubernetes package: in this binary,
-// which links the kubelet's device manager too, every process starts by
-// initialising the kubelet's packages (about 6 MB allocated before main,
-// and tens of MiB of the binary resident), which a program embedding devmgr
-// never does, and which the peak RSS of devmgr's runs would count.
-func buildLean(ctx context.Context, goCmd, dir string) (string, error) {
+// buildSides builds this program twice into dir, from the sources in the
+// working directory (bench/, where make bench-compare runs it), and returns
+// the binaries by side: with -tags devmgronly, which links devmgr and no
+// k8s.io/kubernetes package, and with -tags kubeletonly, which links the
+// kubelet's device manager and none of devmgr but the plugin. Each side
+// then carries what its implementation needs and nothing of the other's:
+// in one binary, every process initialises k8s.io/kubernetes's packages
+// (about 6 MB allocated before main, and tens of MiB of the binary
+// resident), whichever side it runs. Both builds use the same toolchain as
+// this program (checked) and the flags of go run (no symbol table, no
+// DWARF); dir should not be on the disk the runs measure, and the builds
+// are flushed to disk before any run starts.
+func buildSides(ctx context.Context, goCmd, dir string) (map[string]string, error) {
 	src, err := os.Getwd()
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	mod, err := os.ReadFile(filepath.Join(src, "go.mod"))
 	if err != nil || !bytes.HasPrefix(mod, []byte("module github.com/openkubelet/devmgr/bench\n")) {
-		return "", fmt.Errorf("compare: run it in bench/ (it builds the devmgr-only bench from there), or pass -one-binary")
+		return nil, fmt.Errorf("compare: run it in bench/ (it builds each side's binary from there), or pass -one-binary")
 	}
-	out := filepath.Join(dir, "bench-devmgronly")
-	cmd := exec.CommandContext(ctx, goCmd, "build", "-tags", "devmgronly", "-o", out, ".")
-	cmd.Dir = src
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("compare: build the devmgr-only bench: %w\n%s", err, bytes.TrimSpace(b))
+	bins := map[string]string{}
+	for side, tag := range map[string]string{"devmgr": "devmgronly", "kubelet": "kubeletonly"} {
+		out := filepath.Join(dir, "bench-"+tag)
+		cmd := exec.CommandContext(ctx, goCmd, "build", "-tags", tag, "-ldflags=-s -w", "-o", out, ".")
+		cmd.Dir = src
+		if b, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("compare: build %s's side: %w\n%s", side, err, bytes.TrimSpace(b))
+		}
+		info, err := buildinfo.ReadFile(out)
+		if err != nil {
+			return nil, fmt.Errorf("compare: %s: %w", out, err)
+		}
+		if info.GoVersion != runtime.Version() {
+			return nil, fmt.Errorf("compare: %s built %s with %s, this program is %s; pass -go", goCmd, out, info.GoVersion, runtime.Version())
+		}
+		bins[side] = out
 	}
-	return out, nil
+	unix.Sync()
+	return bins, nil
 }
 
-// binaryInfo are the sizes of the programs that ran each side; lean is 0
-// when devmgr ran in the full one (-one-binary).
-type binaryInfo struct{ full, lean int64 }
+// binaryInfo are the sizes of the programs that ran each side, or of the
+// one that ran both (-one-binary).
+type binaryInfo struct{ one, devmgr, kubelet int64 }
 
 func fileSize(path string) int64 {
 	info, err := os.Stat(path)

@@ -375,14 +375,15 @@ func syncDir(dir string) error {
 	return err
 }
 
-// peakRSSKiB returns VmHWM of this process, in KiB.
-func peakRSSKiB() int64 {
+// procStatusKiB returns the field of /proc/self/status named by prefix
+// ("VmHWM:", the peak RSS; "VmRSS:", the RSS now), in KiB.
+func procStatusKiB(prefix string) int64 {
 	b, err := os.ReadFile("/proc/self/status")
 	if err != nil {
 		return 0
 	}
 	for line := range strings.Lines(string(b)) {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+		if v, ok := strings.CutPrefix(line, prefix); ok {
 			n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
 			return n
 		}

@@ -3,12 +3,14 @@
 // pkg/kubelet/cm/devicemanager), each run in a fresh process, and reports
 // medians, spreads, ratios and peak RSS.
 //
-//	bench compare [-runs 5] [-out FILE] [-workdir /var/tmp] [-only REGEXP]
+//	bench compare [-runs 5] [-out FILE] [-workdir /var/tmp] [-only REGEXP] [-one-binary] [-go go]
 //	bench run -impl devmgr|kubelet -workload W1|W2|W3|W4prep|W4|W5|W6|floor -dir DIR [flags]
 //
-// compare re-executes this binary once per run (`bench run`), the kubelet's
-// side inside a private mount namespace (it needs root and unshare -m), and
-// writes a markdown report. run executes one workload and prints one JSON
+// compare builds this program once per side, each linking one
+// implementation (-tags devmgronly, -tags kubeletonly; -one-binary runs
+// this binary for both instead), runs `bench run` in a fresh process for
+// every run, the kubelet's side inside a private mount namespace (it needs
+// root and unshare -m), and writes a markdown report. run executes one workload and prints one JSON
 // line. This module is apart from devmgr's so that the library never depends
 // on k8s.io/kubernetes.
 package main
@@ -39,7 +41,7 @@ func main() {
 
 func usage() {
 	fmt.Fprintln(os.Stderr, `usage:
-  bench compare [-runs 5] [-out FILE] [-workdir /var/tmp] [-impls devmgr,kubelet] [-only REGEXP]
+  bench compare [-runs 5] [-out FILE] [-workdir /var/tmp] [-impls devmgr,kubelet] [-only REGEXP] [-one-binary] [-go go]
   bench run -impl devmgr|kubelet -workload W1|W2|W3|W4prep|W4|W5|W6|floor -dir DIR [flags]`)
 	os.Exit(2)
 }

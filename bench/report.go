@@ -213,6 +213,19 @@ func (r *report) rss(job, impl string) (float64, bool) {
 	return medianOf(xs), true
 }
 
+// startRSS returns impl's RSS at the start of every run of every job, in KiB.
+func (r *report) startRSS(impl string) spread {
+	var xs []float64
+	for _, byImpl := range r.results {
+		for _, res := range byImpl[impl] {
+			if res.StartRSS > 0 {
+				xs = append(xs, float64(res.StartRSS))
+			}
+		}
+	}
+	return finite(xs)
+}
+
 // rssValues returns the peak RSS of every run, in KiB.
 func (r *report) rssValues(job, impl string) []float64 {
 	var xs []float64
@@ -286,10 +299,10 @@ func (r *report) method() {
 	if r.floorLen > 0 {
 		r.p("- The floor: one durable write (temp file, write, fsync, rename, fsync of the directory) of %s, the size of devmgr's checkpoint after W4's 1,000 admissions, on the same disk; 30 writes per run, median. The same on files of the checkpoint's size after 50 and after 950 of W2's admissions (the middle of its first and of its last 100), so that W2's growth can be set against the disk's own. And W2's own sequence of writes with no manager: 1,000 durable writes of a file growing in equal steps to the final checkpoint's size, 0.5 ms apart, through a new file and over a spare alternately (each on a file of its own); the means of the first and last 100 of each. A file rewritten at one size costs less than one that grew write by write to that size, so it is the last row, not the fixed-size ones, that W2's growth is set against.\n", formatBytes(float64(r.floorLen)))
 	}
-	if r.binaries.lean > 0 {
-		r.p("- Two builds of `bench/` run the processes: the kubelet's side runs in the full build (%s), devmgr's side and the floors in a build with `-tags devmgronly` (%s), which links devmgr, the plugin and the harness but no k8s.io/kubernetes package, as a program embedding devmgr would. In one binary every devmgr process would first initialise the kubelet's packages (about 6 MB allocated before main) and carry their pages: `-one-binary` measures that way.\n", formatBytes(float64(r.binaries.full)), formatBytes(float64(r.binaries.lean)))
+	if r.binaries.one == 0 {
+		r.p("- Each side runs in a build of `bench/` that links its own implementation only: devmgr's side (and the floors) with `-tags devmgronly` (%s), which links no k8s.io/kubernetes package, the kubelet's with `-tags kubeletonly` (%s), which links none of devmgr but the plugin. So each process carries the dependencies of its implementation: every kubelet process initialises k8s.io/kubernetes's packages before main (the kubelet's device manager cannot be linked without them), and no devmgr process does. `-one-binary` runs both sides in one build, as this harness did before 2026-11-30: then both carry that initialisation.\n", formatBytes(float64(r.binaries.devmgr)), formatBytes(float64(r.binaries.kubelet)))
 	} else {
-		r.p("- Both sides and the floors run in the same build of `bench/` (`-one-binary`, %s), which links both implementations: devmgr's processes also initialise the kubelet's packages.\n", formatBytes(float64(r.binaries.full)))
+		r.p("- Both sides and the floors run in the same build of `bench/` (`-one-binary`, %s), which links both implementations: devmgr's processes also initialise the kubelet's packages.\n", formatBytes(float64(r.binaries.one)))
 	}
 	r.p("- Peak RSS is VmHWM of the run's process, which also hosts the plugin (identical on both sides). It moves by several MiB from run to run of the same workload (it depends on when the garbage collector runs), so where devmgr's median is the higher the targets show both ranges.\n\n")
 }
@@ -497,6 +510,9 @@ func (r *report) targets() {
 		}
 		if len(skipped) > 0 {
 			v.measured += "; not comparable where a side did not complete: " + strings.Join(skipped, ", ")
+		}
+		if a, b := r.startRSS("devmgr"), r.startRSS("kubelet"); a.ok() && b.ok() {
+			v.measured += fmt.Sprintf("; RSS of the processes when the workload started (packages initialised), median of all runs: devmgr %.1f, kubelet %.1f MiB", a.med()/1024, b.med()/1024)
 		}
 	}
 	vs = append(vs, v)

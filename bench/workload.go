@@ -35,6 +35,9 @@ type result struct {
 	Note     string             `json:"note,omitempty"`
 	Metrics  map[string]float64 `json:"metrics,omitempty"`
 	PeakRSS  int64              `json:"peak_rss_kib"`
+	// StartRSS is the process's RSS once its packages are initialised,
+	// before the workload starts.
+	StartRSS int64 `json:"start_rss_kib,omitempty"`
 }
 
 const (
@@ -90,7 +93,7 @@ func runMain(args []string) error {
 	klog.SetLogger(log)
 
 	r := &run{impl: *impl, dir: *dir, log: log, sink: sink, profile: *profile, trace: *traceOut,
-		res: result{Impl: *impl, Workload: *workload, Metrics: map[string]float64{}}}
+		res: result{Impl: *impl, Workload: *workload, Metrics: map[string]float64{}, StartRSS: procStatusKiB("VmRSS:")}}
 	var err error
 	switch *workload {
 	case "W1":
@@ -133,7 +136,7 @@ func runMain(args []string) error {
 	default:
 		r.res.Status = statusOK
 	}
-	r.res.PeakRSS = peakRSSKiB()
+	r.res.PeakRSS = procStatusKiB("VmHWM:")
 	return json.NewEncoder(os.Stdout).Encode(r.res)
 }
 
