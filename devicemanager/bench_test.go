@@ -290,6 +290,14 @@ func BenchmarkAdmitOnManyDevicesAffinity(b *testing.B) {
 	benchAdmitOnManyDevices(b, manyDevices{affinity: true})
 }
 
+// BenchmarkAdmitOnManyDevicesAffinityPreferred combines both: 80,000 IDs on
+// two NUMA nodes, containers aligned on node 0, a plugin that answers
+// GetPreferredAllocation (sent the 40,000 free devices of node 0, as the
+// request fits there), 100 devices held.
+func BenchmarkAdmitOnManyDevicesAffinityPreferred(b *testing.B) {
+	benchAdmitOnManyDevices(b, manyDevices{affinity: true, preferred: true})
+}
+
 type manyDevices struct{ preferred, affinity bool }
 
 type nodeZero struct{}

@@ -142,9 +142,21 @@ func start(in SelectInput) (s *selection, done bool, err error) {
 // freeAligned returns the free aligned devices, each once, in order: the
 // first limit of them, or all when limit is negative.
 func (s *selection) freeAligned(limit int) []string {
-	seen := sets.New[string]()
+	tier := s.in.Tiers.Aligned
 	var out []string
-	for _, id := range s.in.Tiers.Aligned {
+	if limit < 0 && slices.IsSorted(tier) {
+		// All of a tier in ID order (one NUMA node's devices, as the
+		// caller lists them): repeats are neighbours, and tens of
+		// thousands of IDs need no set to be told apart.
+		for i, id := range tier {
+			if (i == 0 || tier[i-1] != id) && s.free.Has(id) {
+				out = append(out, id)
+			}
+		}
+		return out
+	}
+	seen := sets.New[string]()
+	for _, id := range tier {
 		if len(out) == limit {
 			break
 		}
@@ -156,13 +168,35 @@ func (s *selection) freeAligned(limit int) []string {
 	return out
 }
 
+// freeAlignedSorted returns every free aligned device once, in ID order.
+func (s *selection) freeAlignedSorted() []string {
+	free := s.freeAligned(-1)
+	if !slices.IsSorted(free) {
+		slices.Sort(free)
+	}
+	return free
+}
+
+// isFreeAligned returns a test of membership in the free aligned devices,
+// for the few IDs of the plugin's preference: a binary search when the
+// aligned tier is in ID order, else a set of them.
+func (s *selection) isFreeAligned() func(string) bool {
+	if tier := s.in.Tiers.Aligned; slices.IsSorted(tier) {
+		return func(id string) bool {
+			_, found := slices.BinarySearch(tier, id)
+			return found && s.free.Has(id)
+		}
+	}
+	return sets.New(s.freeAligned(-1)...).Has
+}
+
 // query is the plugin request at the current point: the candidates plus
 // everything picked so far, which the plugin must include.
 func (s *selection) query() PreferredQuery {
 	q := PreferredQuery{MustInclude: sets.List(s.has), Size: s.in.Required}
 	switch set, isSet := s.free.(sets.Set[string]); {
 	case s.askFirst:
-		q.Available = sets.List(s.has.Clone().Insert(s.freeAligned(-1)...))
+		q.Available = union(q.MustInclude, s.freeAlignedSorted())
 	case isSet:
 		q.Available = sets.List(s.has.Union(set))
 	default:
@@ -233,8 +267,7 @@ func Select(in SelectInput, preferred []string) ([]string, error) {
 	if !done {
 		if s.askFirst {
 			if len(preferred) > 0 {
-				aligned := sets.New(s.freeAligned(-1)...)
-				done = s.take(preferred, aligned.Has)
+				done = s.take(preferred, s.isFreeAligned())
 			}
 			// Then aligned devices in order: s.aligned holds the first
 			// Needed+1, and the preference took at most as many of them as

@@ -95,6 +95,12 @@ func TestSelectRules(t *testing.T) {
 				Tiers: Tiers{Aligned: []string{"x", "x"}, Unaligned: []string{"z", "y"}}},
 			wantQuery: &PreferredQuery{Available: []string{"x", "y", "z"}, MustInclude: []string{"x"}, Size: 2},
 			want:      []string{"x", "z"}},
+		{name: "the plugin chooses among aligned IDs listed twice, each asked about once",
+			in: SelectInput{Required: 1, Needed: 1, Available: sets.New("a1", "a2", "a3", "u1"),
+				Tiers: Tiers{Aligned: []string{"a1", "a1", "a2", "a2", "a3"}, Unaligned: []string{"u1"}}},
+			preferred: []string{"u1", "a2"},
+			wantQuery: &PreferredQuery{Available: []string{"a1", "a2", "a3"}, MustInclude: []string{}, Size: 1},
+			want:      []string{"a2"}},
 		{name: "tiers not covering Available: shortfall with the kubelet's text",
 			in: SelectInput{Resource: res1, Required: 3, Needed: 3, Available: sets.New("a1", "a2", "zz"),
 				Tiers: Tiers{Aligned: []string{"a1"}, Unaligned: []string{"a2"}}},
@@ -368,6 +374,11 @@ func TestSelectFromAView(t *testing.T) {
 				continue
 			}
 			exact.add(rng.IntN(3), id)
+		}
+		if run%5 == 1 {
+			// Tiers in preference order, not ID order (devices of a
+			// second NUMA node of the affinity come after the first's).
+			rng.Shuffle(len(exact.Aligned), func(i, j int) { exact.Aligned[i], exact.Aligned[j] = exact.Aligned[j], exact.Aligned[i] })
 		}
 		// Devices that are not free, inserted anywhere; the free ones keep
 		// their order.
