@@ -315,6 +315,7 @@ func TestResourceMatchesModel(t *testing.T) {
 	healths := []string{pluginapi.Healthy, pluginapi.Unhealthy, "Bogus"}
 	for seed := uint64(0); seed < 3000; seed++ {
 		rng := rand.New(rand.NewPCG(seed, 1))
+		check := rand.New(rand.NewPCG(seed, 2))
 		m := &ManagerImpl{resources: map[string]*resourceState{}, ledger: podstate.NewLedger()}
 		r := newResource("res")
 		m.resources["res"] = r
@@ -412,6 +413,14 @@ func TestResourceMatchesModel(t *testing.T) {
 			for id := range ref.devices {
 				if r.isHealthy(id) != want.Has(id) {
 					t.Fatalf("seed %d %v: isHealthy(%s)", seed, log, id)
+				}
+			}
+			// The IDs in order (Status lists them so) on a third of the
+			// steps, from a generator of their own: reading them sorts and
+			// caches, which the other steps must also do without.
+			if check.IntN(3) == 0 {
+				if got, want := r.sortedDeviceIDs(), sets.List(sets.KeySet(ref.devices)); !slices.Equal(got, want) {
+					t.Fatalf("seed %d %v: sortedDeviceIDs %v want %v", seed, log, got, want)
 				}
 			}
 		}
