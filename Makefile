@@ -52,7 +52,7 @@ bench:
 ## unshare -m (the kubelet side runs in a private mount namespace). bench/ is
 ## a module of its own, so the library never depends on k8s.io/kubernetes.
 bench-compare:
-	cd bench && $(GO) run . compare -go "$(GO)" -runs $(BENCHRUNS) -out ../docs/PERFORMANCE.md
+	cd bench && $(GO) run . compare -runs $(BENCHRUNS) -out ../docs/PERFORMANCE.md
 
 ## bench-check: bench/ (a module of its own, which make test does not reach)
 ## is tidy, passes go vet and its tests, which run every workload once against

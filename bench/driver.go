@@ -73,8 +73,8 @@ exec "$@"
 
 type driver struct {
 	// self is this program, which links both implementations. bins runs
-	// each side ("devmgr" also runs the floors): self with -one-binary,
-	// otherwise the builds of buildSides.
+	// each side ("devmgr" also runs the floors): self, or with -split the
+	// builds of buildSides.
 	self    string
 	bins    map[string]string
 	base    string
@@ -99,8 +99,8 @@ func compareMain(args []string) error {
 	timeout := fs.Duration("timeout", 15*time.Minute, "limit of one run")
 	poll := fs.Duration("poll", pollInterval, "pause between polls of GetCapacity or the checkpoint in the runs (0: a tight loop)")
 	rev := fs.String("rev", "", "how to name the devmgr under test in the report (default: git describe of ..)")
-	oneBinary := fs.Bool("one-binary", false, "run devmgr and the floors in this binary, which links the kubelet too, instead of a build with -tags devmgronly")
-	goCmd := fs.String("go", "go", "the go command that builds the devmgr-only bench")
+	split := fs.Bool("split", false, "run each side in a build of bench/ that links its implementation only (-tags devmgronly, kubeletonly), instead of this binary")
+	goCmd := fs.String("go", "go", "with -split: the go command that builds each side")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -155,7 +155,7 @@ func compareMain(args []string) error {
 	d := &driver{self: self, bins: map[string]string{"devmgr": self, "kubelet": self}, base: base, impls: impls,
 		timeout: *timeout, common: common, results: map[string]map[string][]result{}, prep: map[string]result{}}
 	binaries := binaryInfo{one: fileSize(self)}
-	if !*oneBinary {
+	if *split {
 		binDir, err := os.MkdirTemp("", "devmgr-bench-bin-")
 		if err != nil {
 			return err
@@ -439,7 +439,7 @@ func buildSides(ctx context.Context, goCmd, dir string) (map[string]string, erro
 	}
 	mod, err := os.ReadFile(filepath.Join(src, "go.mod"))
 	if err != nil || !bytes.HasPrefix(mod, []byte("module github.com/openkubelet/devmgr/bench\n")) {
-		return nil, fmt.Errorf("compare: run it in bench/ (it builds each side's binary from there), or pass -one-binary")
+		return nil, fmt.Errorf("compare -split: run it in bench/ (it builds each side's binary from there)")
 	}
 	bins := map[string]string{}
 	for side, tag := range map[string]string{"devmgr": "devmgronly", "kubelet": "kubeletonly"} {
@@ -462,8 +462,8 @@ func buildSides(ctx context.Context, goCmd, dir string) (map[string]string, erro
 	return bins, nil
 }
 
-// binaryInfo are the sizes of the programs that ran each side, or of the
-// one that ran both (-one-binary).
+// binaryInfo are the sizes of the program that ran both sides, or with
+// -split of the programs that ran each side.
 type binaryInfo struct{ one, devmgr, kubelet int64 }
 
 func fileSize(path string) int64 {
