@@ -164,7 +164,7 @@ func compareMain(args []string) error {
 		if d.bins, err = buildSides(ctx, *goCmd, binDir); err != nil {
 			return err
 		}
-		binaries = binaryInfo{devmgr: fileSize(d.bins["devmgr"]), kubelet: fileSize(d.bins["kubelet"])}
+		binaries = binaryInfo{split: true, devmgr: fileSize(d.bins["devmgr"]), kubelet: fileSize(d.bins["kubelet"])}
 		logf("built devmgr's side (%s) and the kubelet's (%s)", formatBytes(float64(binaries.devmgr)), formatBytes(float64(binaries.kubelet)))
 	}
 
@@ -462,9 +462,12 @@ func buildSides(ctx context.Context, goCmd, dir string) (map[string]string, erro
 	return bins, nil
 }
 
-// binaryInfo are the sizes of the program that ran both sides, or with
-// -split of the programs that ran each side.
-type binaryInfo struct{ one, devmgr, kubelet int64 }
+// binaryInfo says how the sides ran (split: each in a build of its own)
+// and the sizes of the program that ran both, or of each side's.
+type binaryInfo struct {
+	split                bool
+	one, devmgr, kubelet int64
+}
 
 func fileSize(path string) int64 {
 	info, err := os.Stat(path)
