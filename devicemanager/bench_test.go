@@ -102,11 +102,7 @@ func BenchmarkDeviceUpdate(b *testing.B) {
 			h := newHarness(b, quiet).start()
 			devs := numbered("dev", 10000)
 			h.registered(res1, devs)
-			for i := range pods {
-				pod := newPod(fmt.Sprintf("pod-%04d", i), ctr("app", res1, 1))
-				h.pods.add(pod)
-				require0(b, h.m.Allocate(context.Background(), pod, &pod.Spec.Containers[0]))
-			}
+			h.admitPods(b, pods)
 			flipped := make([]*pluginapi.Device, len(devs))
 			for i, d := range devs {
 				flipped[i] = &pluginapi.Device{ID: d.ID, Health: d.Health}
@@ -248,11 +244,7 @@ func BenchmarkSelectionInput(b *testing.B) {
 		devs[len(devs)-1-i].Health = pluginapi.Unhealthy
 	}
 	h.registered(res1, devs)
-	for i := range 1000 {
-		pod := newPod(fmt.Sprintf("pod-%04d", i), ctr("app", res1, 1))
-		h.pods.add(pod)
-		require0(b, h.m.Allocate(context.Background(), pod, &pod.Spec.Containers[0]))
-	}
+	h.admitPods(b, 1000)
 	b.ReportAllocs()
 	for b.Loop() {
 		h.m.mu.Lock()
@@ -325,11 +317,7 @@ func benchAdmitOnManyDevices(b *testing.B, how manyDevices) {
 	if how.preferred || how.affinity {
 		held = 100
 	}
-	for i := range held {
-		pod := newPod(fmt.Sprintf("pod-%04d", i), ctr("app", res1, 1))
-		h.pods.add(pod)
-		require0(b, h.m.Allocate(context.Background(), pod, &pod.Spec.Containers[0]))
-	}
+	h.admitPods(b, held)
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		pod := newPod(fmt.Sprintf("probe-%d", i), ctr("app", res1, 1))
@@ -349,16 +337,22 @@ func BenchmarkStatusManyDevices(b *testing.B) {
 		devs[i] = &pluginapi.Device{ID: fmt.Sprintf("GPU-%08x-1b2d-4e5f-8a9b-%012d", i/8, i), Health: pluginapi.Healthy}
 	}
 	h.registered(res1, devs)
-	for i := range 100 {
-		pod := newPod(fmt.Sprintf("pod-%04d", i), ctr("app", res1, 1))
-		h.pods.add(pod)
-		require0(b, h.m.Allocate(context.Background(), pod, &pod.Spec.Containers[0]))
-	}
+	h.admitPods(b, 100)
 	b.ReportAllocs()
 	for b.Loop() {
 		st := h.m.Status()
 		if len(st) != 1 || len(st[0].Devices) != len(devs) || st[0].Allocated != 100 {
 			b.Fatalf("Status: %d resources, want 1 with %d devices and 100 allocated", len(st), len(devs))
 		}
+	}
+}
+
+// admitPods admits n pods named pod-0000, pod-0001..., each with one
+// container asking for one device of res1, and adds them to the active pods.
+func (h *harness) admitPods(b *testing.B, n int) {
+	for i := range n {
+		pod := newPod(fmt.Sprintf("pod-%04d", i), ctr("app", res1, 1))
+		h.pods.add(pod)
+		require0(b, h.m.Allocate(context.Background(), pod, &pod.Spec.Containers[0]))
 	}
 }
