@@ -80,8 +80,9 @@ func (c *Census) Tiers(affinity *BitMask, ids []string) Tiers {
 // it reports for each. Devices keep the order of ids within a rank.
 func tiersOf(mask BitMask, ids []string, lookup func(id string) (BitMask, bool)) Tiers {
 	type entry struct {
-		id  string
-		sig BitMask
+		id   string
+		sig  BitMask
+		rank int // set once the walk is known
 	}
 	entries := make([]entry, 0, len(ids))
 	var perNode [maxNode + 1]int
@@ -136,8 +137,9 @@ func tiersOf(mask BitMask, ids []string, lookup func(id string) (BitMask, bool))
 		return r
 	}
 	start := make([]int, noTopology+2)
-	for _, e := range entries {
-		start[rank(e.sig)+1]++
+	for i := range entries {
+		entries[i].rank = rank(entries[i].sig)
+		start[entries[i].rank+1]++
 	}
 	for r := 1; r < len(start); r++ {
 		start[r] += start[r-1]
@@ -145,9 +147,8 @@ func tiersOf(mask BitMask, ids []string, lookup func(id string) (BitMask, bool))
 	aligned, unaligned := start[inMask], start[noTopology]-start[inMask]
 	out := make([]string, len(entries))
 	for _, e := range entries {
-		r := rank(e.sig)
-		out[start[r]] = e.id
-		start[r]++
+		out[start[e.rank]] = e.id
+		start[e.rank]++
 	}
 	return Tiers{
 		Aligned:    nilIfEmpty(out[:aligned:aligned]),
