@@ -328,6 +328,23 @@ func benchAdmitOnManyDevices(b *testing.B, how manyDevices) {
 	}
 }
 
+// BenchmarkAdmitAfterPodGone: with 1,000 pods holding a device each, every
+// admission finds the pod admitted before it gone from the active pods and
+// drops its records (pod churn on a full node): with one device free, an
+// admission that did not would fail.
+func BenchmarkAdmitAfterPodGone(b *testing.B) {
+	h := newHarness(b, quiet).start()
+	h.registered(res1, numbered("dev", 1001))
+	h.admitPods(b, 1000)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		pod := newPod(fmt.Sprintf("probe-%d", i), ctr("app", res1, 1))
+		h.pods.add(pod)
+		require0(b, h.m.Allocate(context.Background(), pod, &pod.Spec.Containers[0]))
+		h.pods.remove(pod.UID)
+	}
+}
+
 // BenchmarkStatusManyDevices: Status on a resource of 80,000 device IDs,
 // 100 of them allocated; the answer lists every device in ID order.
 func BenchmarkStatusManyDevices(b *testing.B) {

@@ -314,13 +314,10 @@ func (m *ManagerImpl) collectPodsLocked(active []*v1.Pod, seen uint64) {
 	if n == m.ledger.Len() {
 		return
 	}
-	keep := sets.New[string]()
-	for _, p := range active {
-		keep.Insert(string(p.UID))
-	}
+	// The pods with records that were not counted are the inactive ones.
 	var gone []string
-	for uid := range m.ledger.Pods() {
-		if !keep.Has(uid) && m.inflight[uid] == 0 && m.lastCommit[uid] <= seen {
+	for uid := range m.ledger.Uncounted() {
+		if m.inflight[uid] == 0 && m.lastCommit[uid] <= seen {
 			gone = append(gone, uid)
 		}
 	}

@@ -21,8 +21,9 @@ import (
 // call NewLedger.
 type Ledger struct {
 	pods map[string]map[string]map[string]*record // podUID -> container -> resource
-	// marks has an entry for every pod of pods, for CountHeld; stamp is
-	// the mark of its last call.
+	// marks has an entry for every pod of pods, for CountHeld and
+	// Uncounted; stamp is the mark of CountHeld's last call. A new pod's
+	// mark is 0, never a stamp.
 	marks map[string]*uint64
 	stamp uint64
 
@@ -196,6 +197,24 @@ func (l *Ledger) CountHeld(podUIDs iter.Seq[string]) int {
 		}
 	}
 	return n
+}
+
+// Uncounted yields the UIDs of the pods with records that the last
+// CountHeld did not count, in no particular order: the pods missing from
+// the UIDs it was given, and any pod given its first record since (every
+// pod, before the first CountHeld). With CountHeld, a caller finds the
+// pods that are no longer active without building a set of the active
+// ones. The ledger must not change during the iteration.
+func (l *Ledger) Uncounted() iter.Seq[string] {
+	return func(yield func(string) bool) {
+		for uid, m := range l.marks {
+			if *m != l.stamp || l.stamp == 0 {
+				if !yield(uid) {
+					return
+				}
+			}
+		}
+	}
 }
 
 // HasPod reports whether the pod has records.

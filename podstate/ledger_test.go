@@ -270,7 +270,8 @@ func TestOnAllocatedReportsFlips(t *testing.T) {
 
 // TestCountHeld: CountHeld counts each listed pod that has records once,
 // however often it is listed, through inserts, container undos and pod
-// deletions, and after a pod is held again once deleted.
+// deletions, and after a pod is held again once deleted; Uncounted then
+// yields exactly the pods with records that were not listed.
 func TestCountHeld(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 11))
 	l := NewLedger()
@@ -298,6 +299,34 @@ func TestCountHeld(t *testing.T) {
 			}
 		}
 		require.Equal(t, want, l.CountHeld(list(active...)), "step %d, active %v", step, active)
+		wantUncounted := []string{}
+		for u := range l.Pods() {
+			if !slices.Contains(active, u) {
+				wantUncounted = append(wantUncounted, u)
+			}
+		}
+		require.ElementsMatch(t, wantUncounted, slices.Collect(l.Uncounted()), "step %d, active %v", step, active)
+		if step%5 == 0 {
+			// A pod given its first record after the count was not counted.
+			l.Insert("new", "a", res1, checkpoint.DevicesPerNUMA{0: {fmt.Sprintf("n%d", step)}}, newResp())
+			require.Contains(t, slices.Collect(l.Uncounted()), "new", "step %d", step)
+			l.DeletePods("new")
+		}
 		require.Equal(t, l.Len(), l.CountHeld(list(uids...)), "step %d, every pod listed", step)
+		require.Empty(t, slices.Collect(l.Uncounted()), "step %d, every pod listed", step)
+	}
+}
+
+// TestUncountedBeforeCountHeld: before any CountHeld, every pod with
+// records is uncounted.
+func TestUncountedBeforeCountHeld(t *testing.T) {
+	l := NewLedger()
+	require.Empty(t, slices.Collect(l.Uncounted()))
+	l.Insert("p1", "a", res1, checkpoint.DevicesPerNUMA{0: {"d1"}}, newResp())
+	l.Insert("p2", "a", res1, checkpoint.DevicesPerNUMA{0: {"d2"}}, newResp())
+	require.ElementsMatch(t, []string{"p1", "p2"}, slices.Collect(l.Uncounted()))
+	for uid := range l.Uncounted() {
+		require.Contains(t, []string{"p1", "p2"}, uid)
+		break // stopping early is allowed
 	}
 }
