@@ -13,6 +13,9 @@ import (
 	"github.com/openkubelet/devmgr/topology"
 )
 
+// devmgrLinked: this build runs devmgr.
+const devmgrLinked = true
+
 func newDevmgrSubject(dir string, log logr.Logger) (subject, error) {
 	return &devmgrSubject{dir: dir, log: log}, nil
 }

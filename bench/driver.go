@@ -104,6 +104,16 @@ func compareMain(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	goSet := false
+	fs.Visit(func(f *flag.Flag) { goSet = goSet || f.Name == "go" })
+	if goSet && !*split {
+		return errors.New("compare: -go names the go command of -split's builds; without -split this program runs both sides")
+	}
+	if !*split && (!devmgrLinked || !kubeletLinked) {
+		// The report describes the default mode as one program that links
+		// both implementations.
+		return errors.New("compare: this program was built with -tags devmgronly or kubeletonly; build it without tags, or pass -split")
+	}
 	if *runs < 1 {
 		return errors.New("compare: -runs must be at least 1")
 	}
@@ -164,7 +174,8 @@ func compareMain(args []string) error {
 		if d.bins, err = buildSides(ctx, *goCmd, binDir); err != nil {
 			return err
 		}
-		binaries = binaryInfo{split: true, devmgr: fileSize(d.bins["devmgr"]), kubelet: fileSize(d.bins["kubelet"])}
+		binaries = binaryInfo{split: true, devmgr: fileSize(d.bins["devmgr"]), kubelet: fileSize(d.bins["kubelet"]),
+			dir: binDir, sameDisk: sameFileSystem(binDir, wd)}
 		logf("built devmgr's side (%s) and the kubelet's (%s)", formatBytes(float64(binaries.devmgr)), formatBytes(float64(binaries.kubelet)))
 	}
 
@@ -467,6 +478,17 @@ func buildSides(ctx context.Context, goCmd, dir string) (map[string]string, erro
 type binaryInfo struct {
 	split                bool
 	one, devmgr, kubelet int64
+	// dir holds the -split builds; sameDisk: on the file system of the
+	// runs' directories, which the builds' writes then reached (synced
+	// before the first run).
+	dir      string
+	sameDisk bool
+}
+
+// sameFileSystem reports whether a and b are on the same device.
+func sameFileSystem(a, b string) bool {
+	var sa, sb syscall.Stat_t
+	return syscall.Stat(a, &sa) == nil && syscall.Stat(b, &sb) == nil && sa.Dev == sb.Dev
 }
 
 func fileSize(path string) int64 {

@@ -20,6 +20,9 @@ import (
 	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
 )
 
+// kubeletLinked: this build runs the kubelet's device manager.
+const kubeletLinked = true
+
 // kubeletSubject drives the kubelet's own device manager, v1.37.2. Its
 // constructor hard-codes /var/lib/kubelet/device-plugins, so it only runs in
 // a private mount namespace where that path is a bind mount of the run's

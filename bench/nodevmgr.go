@@ -8,6 +8,9 @@ import (
 	"github.com/go-logr/logr"
 )
 
+// devmgrLinked: this build has no devmgr to run.
+const devmgrLinked = false
+
 // newDevmgrSubject, in a bench built with -tags kubeletonly, refuses: that
 // build links the kubelet's device manager only (see buildSides).
 func newDevmgrSubject(string, logr.Logger) (subject, error) {

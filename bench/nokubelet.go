@@ -8,6 +8,9 @@ import (
 	"github.com/go-logr/logr"
 )
 
+// kubeletLinked: this build has no kubelet's device manager to run.
+const kubeletLinked = false
+
 // newKubeletSubject, in a bench built with -tags devmgronly, refuses: that
 // build links no k8s.io/kubernetes package (see buildSides).
 func newKubeletSubject(string, logr.Logger) (subject, error) {
