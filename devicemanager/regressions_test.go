@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/openkubelet/devmgr/checkpoint"
 	"github.com/openkubelet/devmgr/plugintest"
 	"github.com/openkubelet/devmgr/podstate"
 )
@@ -353,4 +354,43 @@ func TestAllocateDeadlineRollsBack(t *testing.T) {
 	}
 	require.NoError(t, err, "the device was released")
 	assert.Equal(t, []string{"dev0"}, h.held(pod, "app", res1))
+}
+
+// TestCollectKeepsActivePods: garbage collection drops the records of the
+// pods that left the active list and only theirs. The active pods keep
+// their devices as they were, with no new plugin call, and the next write
+// of the checkpoint leaves out exactly the collected pod.
+func TestCollectKeepsActivePods(t *testing.T) {
+	h := newHarness(t).start()
+	p := h.registered(res1, devices("dev", 4))
+	pods := []*v1.Pod{newPod("a", ctr("app", res1, 1)), newPod("b", ctr("app", res1, 1)), newPod("c", ctr("app", res1, 1))}
+	held := map[string][]string{}
+	for _, pod := range pods {
+		h.pods.add(pod)
+		require.NoError(t, h.admit(pod))
+		held[pod.Name] = h.held(pod, "app", res1)
+		require.Len(t, held[pod.Name], 1)
+	}
+	h.pods.remove(pods[1].UID)
+	h.m.UpdateAllocatedDevices()
+
+	assert.Nil(t, h.m.GetDevices("b", "app"), "b left the active pods")
+	for _, pod := range []*v1.Pod{pods[0], pods[2]} {
+		assert.Equal(t, held[pod.Name], h.held(pod, "app", res1), "%s is still active", pod.Name)
+	}
+	assert.Len(t, p.CallsOf(plugintest.MethodAllocate), 3, "no pod was allocated again")
+
+	d := newPod("d", ctr("app", res1, 1))
+	h.pods.add(d)
+	require.NoError(t, h.admit(d))
+	store, err := checkpoint.NewManager(h.dir)
+	require.NoError(t, err)
+	cp := checkpoint.New(nil, nil)
+	require.NoError(t, store.GetCheckpoint(checkpoint.DeviceManagerKey, cp))
+	entries, _ := cp.GetData()
+	var uids []string
+	for _, e := range entries {
+		uids = append(uids, e.PodUID)
+	}
+	assert.ElementsMatch(t, []string{"a", "c", "d"}, uids)
 }
