@@ -188,7 +188,10 @@ func (l *Ledger) Len() int { return len(l.pods) }
 // on every admission, against the whole list of active pods, whether every
 // pod with records is still active (the count equals Len).
 func (l *Ledger) CountHeld(podUIDs iter.Seq[string]) int {
-	l.stamp++
+	// 0 is the mark of a pod no call has counted, and of no call.
+	if l.stamp++; l.stamp == 0 {
+		l.stamp = 1
+	}
 	n := 0
 	for uid := range podUIDs {
 		if m := l.marks[uid]; m != nil && *m != l.stamp {

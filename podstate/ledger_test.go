@@ -317,6 +317,19 @@ func TestCountHeld(t *testing.T) {
 	}
 }
 
+// TestCountHeldStampWraps: the call that wraps CountHeld's counter round
+// still tells the pods it counted from the others.
+func TestCountHeldStampWraps(t *testing.T) {
+	l := NewLedger()
+	l.Insert("p1", "a", res1, checkpoint.DevicesPerNUMA{0: {"d1"}}, newResp())
+	l.Insert("p2", "a", res1, checkpoint.DevicesPerNUMA{0: {"d2"}}, newResp())
+	l.stamp = ^uint64(0) - 1
+	require.Equal(t, 1, l.CountHeld(slices.Values([]string{"p1"})))
+	require.Equal(t, []string{"p2"}, slices.Collect(l.Uncounted()))
+	require.Equal(t, 1, l.CountHeld(slices.Values([]string{"p2"})), "the counter wraps here")
+	require.Equal(t, []string{"p1"}, slices.Collect(l.Uncounted()))
+}
+
 // TestUncountedBeforeCountHeld: before any CountHeld, every pod with
 // records is uncounted.
 func TestUncountedBeforeCountHeld(t *testing.T) {
