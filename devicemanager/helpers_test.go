@@ -47,6 +47,16 @@ type harness struct {
 type podList struct {
 	mu   sync.Mutex
 	pods []*v1.Pod
+	// next, when set, is called by the next get (once) with the list it
+	// returns, before returning it.
+	next func([]*v1.Pod)
+}
+
+// onNextGet makes the next get call f with its list before returning it.
+func (l *podList) onNextGet(f func([]*v1.Pod)) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.next = f
 }
 
 func (l *podList) add(p ...*v1.Pod) {
@@ -68,8 +78,13 @@ func (l *podList) remove(uid types.UID) {
 
 func (l *podList) get() []*v1.Pod {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]*v1.Pod(nil), l.pods...)
+	out, next := append([]*v1.Pod(nil), l.pods...), l.next
+	l.next = nil
+	l.mu.Unlock()
+	if next != nil {
+		next(out)
+	}
+	return out
 }
 
 type readyFlag struct {

@@ -394,3 +394,63 @@ func TestCollectKeepsActivePods(t *testing.T) {
 	}
 	assert.ElementsMatch(t, []string{"a", "c", "d"}, uids)
 }
+
+// TestCollectKeepsPodBeingAdmitted: a pod that is not in the active list
+// keeps its records while one of its containers is being admitted (here
+// its second container, whose plugin call is blocked).
+func TestCollectKeepsPodBeingAdmitted(t *testing.T) {
+	h := newHarness(t).start()
+	p := h.registered(res1, devices("dev", 2))
+	pod := newPod("multi", ctr("c1", res1, 1), ctr("c2", res1, 1)) // never in the active pods
+	require.NoError(t, h.m.Allocate(context.Background(), pod, &pod.Spec.Containers[0]))
+	first := h.held(pod, "c1", res1)
+	require.Len(t, first, 1)
+
+	release := p.Block(plugintest.MethodAllocate)
+	defer release()
+	done := make(chan error, 1)
+	go func() { done <- h.m.Allocate(context.Background(), pod, &pod.Spec.Containers[1]) }()
+	_, err := p.WaitForCalls(waitCtx(t), plugintest.MethodAllocate, 2)
+	require.NoError(t, err)
+	h.m.UpdateAllocatedDevices()
+	assert.Equal(t, first, h.held(pod, "c1", res1), "collected while its second container is being admitted")
+	release()
+	require.NoError(t, <-done)
+	assert.Len(t, h.held(pod, "c2", res1), 1)
+}
+
+// TestCollectKeepsPodAdmittedAfterListRead: a collection whose list of
+// active pods was read before a pod's admission committed does not drop
+// that pod, which the list could not contain.
+func TestCollectKeepsPodAdmittedAfterListRead(t *testing.T) {
+	h := newHarness(t).start()
+	h.registered(res1, devices("dev", 2))
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	h.pods.onNextGet(func([]*v1.Pod) {
+		close(entered)
+		<-proceed
+	})
+	collected := make(chan struct{})
+	go func() {
+		defer close(collected)
+		h.m.UpdateAllocatedDevices()
+	}()
+	select {
+	case <-entered:
+	case <-time.After(waitTimeout):
+		t.Fatal("the collection never read the active pods")
+	}
+
+	pod := newPod("late", ctr("app", res1, 1))
+	h.pods.add(pod)
+	require.NoError(t, h.admit(pod))
+	held := h.held(pod, "app", res1)
+	require.Len(t, held, 1)
+	close(proceed)
+	select {
+	case <-collected:
+	case <-time.After(waitTimeout):
+		t.Fatal("the collection did not finish")
+	}
+	assert.Equal(t, held, h.held(pod, "app", res1), "collected with a list read before its admission")
+}
