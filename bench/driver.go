@@ -174,8 +174,9 @@ func compareMain(args []string) error {
 		if d.bins, err = buildSides(ctx, *goCmd, binDir); err != nil {
 			return err
 		}
-		binaries = binaryInfo{split: true, devmgr: fileSize(d.bins["devmgr"]), kubelet: fileSize(d.bins["kubelet"]),
-			dir: binDir, sameDisk: sameFileSystem(binDir, wd)}
+		binaries = binaryInfo{split: true, devmgr: fileSize(d.bins["devmgr"]), kubelet: fileSize(d.bins["kubelet"])}
+		binaries.dirFS, binaries.dirSrc = mountOf(binDir)
+		binaries.sameDisk = binaries.dirFS == machine.FSType && binaries.dirSrc == machine.FSSrc
 		logf("built devmgr's side (%s) and the kubelet's (%s)", formatBytes(float64(binaries.devmgr)), formatBytes(float64(binaries.kubelet)))
 	}
 
@@ -478,17 +479,11 @@ func buildSides(ctx context.Context, goCmd, dir string) (map[string]string, erro
 type binaryInfo struct {
 	split                bool
 	one, devmgr, kubelet int64
-	// dir holds the -split builds; sameDisk: on the file system of the
-	// runs' directories, which the builds' writes then reached (synced
-	// before the first run).
-	dir      string
-	sameDisk bool
-}
-
-// sameFileSystem reports whether a and b are on the same device.
-func sameFileSystem(a, b string) bool {
-	var sa, sb syscall.Stat_t
-	return syscall.Stat(a, &sa) == nil && syscall.Stat(b, &sb) == nil && sa.Dev == sb.Dev
+	// dirFS and dirSrc: the file system type and source of the temporary
+	// directory of the -split builds; sameDisk: the runs' own, which the
+	// builds' writes then reached (synced before the first run).
+	dirFS, dirSrc string
+	sameDisk      bool
 }
 
 func fileSize(path string) int64 {

@@ -301,11 +301,14 @@ func (r *report) method() {
 	}
 	if r.binaries.split {
 		r.p("- `-split`: each side runs in a build of `bench/` that links its own implementation only: devmgr's side (and the floors) with `-tags devmgronly` (%s), which links no k8s.io/kubernetes package, the kubelet's with `-tags kubeletonly` (%s), which links none of devmgr but the plugin. Each process then carries the dependencies of its implementation only: every kubelet process initialises k8s.io/kubernetes's packages before main, no devmgr process does. Peak RSS is then each implementation as deployed, but the timings are not like for like: devmgr's process starts with a smaller heap, so the garbage collector's cycles come at other points, often inside the timed steps.\n", formatBytes(float64(r.binaries.devmgr)), formatBytes(float64(r.binaries.kubelet)))
-		where := "on another file system than the runs"
-		if r.binaries.sameDisk {
-			where = "on the file system of the runs"
+		switch {
+		case r.binaries.sameDisk:
+			r.p("- The two builds were written to a temporary directory on the runs' file system (%s on %s), and synced before the first run.\n", r.binaries.dirFS, r.binaries.dirSrc)
+		case r.binaries.dirFS == "tmpfs":
+			r.p("- The two builds were written to a temporary directory in memory (tmpfs), off the runs' disk.\n")
+		default:
+			r.p("- The two builds were written to a temporary directory on another file system than the runs' (%s on %s), and synced before the first run.\n", r.binaries.dirFS, r.binaries.dirSrc)
 		}
-		r.p("- The two builds were written to %s, %s, and flushed to disk before the first run.\n", r.binaries.dir, where)
 	} else {
 		r.p("- Both sides and the floors run in the same build of `bench/` (%s), which links both implementations, so that both run in the same program: every process initialises k8s.io/kubernetes's packages before main (the kubelet's side needs them), devmgr's too, which a program embedding devmgr would not. The figures compare the two managers' own work and memory on top of that; `-split` runs each side in a build of its own implementation instead.\n", formatBytes(float64(r.binaries.one)))
 	}
