@@ -320,10 +320,7 @@ func benchAdmitOnManyDevices(b *testing.B, how manyDevices) {
 	h.admitPods(b, held)
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
-		pod := newPod(fmt.Sprintf("probe-%d", i), ctr("app", res1, 1))
-		h.pods.add(pod)
-		require0(b, h.m.Allocate(context.Background(), pod, &pod.Spec.Containers[0]))
-		h.pods.remove(pod.UID)
+		h.admitProbe(b, i)
 		h.m.UpdateAllocatedDevices()
 	}
 }
@@ -338,11 +335,17 @@ func BenchmarkAdmitAfterPodGone(b *testing.B) {
 	h.admitPods(b, 1000)
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
-		pod := newPod(fmt.Sprintf("probe-%d", i), ctr("app", res1, 1))
-		h.pods.add(pod)
-		require0(b, h.m.Allocate(context.Background(), pod, &pod.Spec.Containers[0]))
-		h.pods.remove(pod.UID)
+		h.admitProbe(b, i)
 	}
+}
+
+// admitProbe admits the i-th probe pod, asking for one device of res1, and
+// takes it out of the active pods again.
+func (h *harness) admitProbe(b *testing.B, i int) {
+	pod := newPod(fmt.Sprintf("probe-%d", i), ctr("app", res1, 1))
+	h.pods.add(pod)
+	require0(b, h.m.Allocate(context.Background(), pod, &pod.Spec.Containers[0]))
+	h.pods.remove(pod.UID)
 }
 
 // BenchmarkStatusManyDevices: Status on a resource of 80,000 device IDs,

@@ -188,10 +188,7 @@ func TestRunOptionsAfterResourceCollected(t *testing.T) {
 	h.pods.add(pod)
 	require.NoError(t, h.admit(pod))
 	p.CloseStreams()
-	h.waitCapacity(res1, 1, 0)
-	h.clock.Step(DefaultStopGracePeriod + time.Second)
-	_, _, removed := h.m.GetCapacity()
-	require.Equal(t, []string{res1}, removed)
+	require.Equal(t, []string{res1}, h.stepUntilRemoved(res1))
 	_, err := h.m.GetDeviceRunContainerOptions(context.Background(), pod, &pod.Spec.Containers[0])
 	assert.ErrorIs(t, err, ErrUnknownPlugin)
 }
@@ -202,13 +199,10 @@ func TestCollectedResourceReportedOnce(t *testing.T) {
 	p1 := h.registered(res1, devices("a", 1))
 	p2 := h.registered(res2, devices("b", 1))
 	p1.CloseStreams()
-	h.waitCapacity(res1, 1, 0)
-	h.clock.Step(DefaultStopGracePeriod + time.Second)
-	_, _, removed := h.m.GetCapacity()
-	require.Equal(t, []string{res1}, removed)
+	require.Equal(t, []string{res1}, h.stepUntilRemoved(res1))
 	p2.CloseStreams() // GetCapacity now takes the lock
 	h.waitCapacity(res2, 1, 0)
-	_, _, removed = h.m.GetCapacity()
+	_, _, removed := h.m.GetCapacity()
 	assert.Empty(t, removed)
 }
 
