@@ -176,7 +176,6 @@ func compareMain(args []string) error {
 		}
 		binaries = binaryInfo{split: true, devmgr: fileSize(d.bins["devmgr"]), kubelet: fileSize(d.bins["kubelet"])}
 		binaries.dirFS, binaries.dirSrc = mountOf(binDir)
-		binaries.sameDisk = binaries.dirFS == machine.FSType && binaries.dirSrc == machine.FSSrc
 		logf("built devmgr's side (%s) and the kubelet's (%s)", formatBytes(float64(binaries.devmgr)), formatBytes(float64(binaries.kubelet)))
 	}
 
@@ -480,10 +479,8 @@ type binaryInfo struct {
 	split                bool
 	one, devmgr, kubelet int64
 	// dirFS and dirSrc: the file system type and source of the temporary
-	// directory of the -split builds; sameDisk: the runs' own, which the
-	// builds' writes then reached (synced before the first run).
+	// directory of the -split builds.
 	dirFS, dirSrc string
-	sameDisk      bool
 }
 
 func fileSize(path string) int64 {

@@ -302,7 +302,8 @@ func (r *report) method() {
 	if r.binaries.split {
 		r.p("- `-split`: each side runs in a build of `bench/` that links its own implementation only: devmgr's side (and the floors) with `-tags devmgronly` (%s), which links no k8s.io/kubernetes package, the kubelet's with `-tags kubeletonly` (%s), which links none of devmgr but the plugin. Each process then carries the dependencies of its implementation only: every kubelet process initialises k8s.io/kubernetes's packages before main, no devmgr process does. Peak RSS is then each implementation as deployed, but the timings are not like for like: devmgr's process starts with a smaller heap, so the garbage collector's cycles come at other points, often inside the timed steps.\n", formatBytes(float64(r.binaries.devmgr)), formatBytes(float64(r.binaries.kubelet)))
 		switch {
-		case r.binaries.sameDisk:
+		case r.binaries.dirFS == r.machine.FSType && r.binaries.dirSrc == r.machine.FSSrc:
+			// The builds' writes reached the runs' disk (synced before the first run).
 			r.p("- The two builds were written to a temporary directory on the runs' file system (%s on %s), and synced before the first run.\n", r.binaries.dirFS, r.binaries.dirSrc)
 		case r.binaries.dirFS == "tmpfs":
 			r.p("- The two builds were written to a temporary directory in memory (tmpfs), off the runs' disk.\n")
