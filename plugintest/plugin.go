@@ -12,7 +12,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	regapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
@@ -108,9 +107,8 @@ type Plugin struct {
 	socket    *socketFile  // nil until Start
 	registry  *grpc.Server // nil unless ServeRegistry is serving
 	regSocket *socketFile  // nil unless ServeRegistry is serving
-	// devices is the current list; its messages are never modified after
-	// they are stored, so they may be sent on several streams at once.
-	devices  []*pluginapi.Device
+	// list is the current device list.
+	list     listMessage
 	watchers map[*watcher]struct{}
 	info     *regapi.PluginInfo // GetInfo override; nil: default
 	hooks    hooks
@@ -124,9 +122,9 @@ type Plugin struct {
 // watcher is one open ListAndWatch stream. Its fields are guarded by
 // Plugin.mu.
 type watcher struct {
-	queue  []*pluginapi.ListAndWatchResponse // messages not sent yet
-	wake   chan struct{}                     // capacity 1; signalled when queue or closed changes
-	closed bool                              // set by CloseStreams
+	queue  []listMessage // messages not sent yet
+	wake   chan struct{} // capacity 1; signalled when queue or closed changes
+	closed bool          // set by CloseStreams
 }
 
 // New validates opts and returns a Plugin that is not serving yet. It touches
@@ -177,7 +175,7 @@ func New(opts Options) (*Plugin, error) {
 		emptyFirst: opts.EmptyFirstMessage,
 		logger:     logger.WithValues("resourceName", opts.ResourceName),
 		done:       make(chan struct{}),
-		devices:    cloneDevices(opts.Devices),
+		list:       newListMessage(opts.Devices, 0),
 		watchers:   make(map[*watcher]struct{}),
 		faults:     make(map[Method]*fault),
 		changed:    make(chan struct{}),
@@ -211,7 +209,7 @@ func (p *Plugin) Start() error {
 		return err
 	}
 	p.socket = sock
-	p.server = grpc.NewServer(grpc.WaitForHandlers(true))
+	p.server = grpc.NewServer(grpc.WaitForHandlers(true), grpc.ForceServerCodecV2(newWireCodec()))
 	pluginapi.RegisterDevicePluginServer(p.server, &deviceService{p: p})
 	p.serveLocked(p.server, lis)
 	p.started = true
@@ -254,7 +252,7 @@ func (p *Plugin) Stop() {
 func (p *Plugin) Devices() []*pluginapi.Device {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return cloneDevices(p.devices)
+	return p.list.devices()
 }
 
 // Update replaces the device list with a copy of devices and queues it on
@@ -263,10 +261,9 @@ func (p *Plugin) Devices() []*pluginapi.Device {
 func (p *Plugin) Update(devices []*pluginapi.Device) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.devices = cloneDevices(devices)
-	msg := &pluginapi.ListAndWatchResponse{Devices: p.devices}
+	p.list = newListMessage(devices, len(p.list.wire))
 	for w := range p.watchers {
-		w.queue = append(w.queue, msg)
+		w.queue = append(w.queue, p.list)
 		notify(w.wake)
 	}
 	p.logger.V(4).Info("Device list updated", "devices", len(devices), "streams", len(p.watchers))
@@ -303,9 +300,9 @@ func (p *Plugin) subscribe() (*watcher, error) {
 	}
 	w := &watcher{wake: make(chan struct{}, 1)}
 	if p.emptyFirst {
-		w.queue = append(w.queue, &pluginapi.ListAndWatchResponse{})
+		w.queue = append(w.queue, newListMessage(nil, 0))
 	}
-	w.queue = append(w.queue, &pluginapi.ListAndWatchResponse{Devices: p.devices})
+	w.queue = append(w.queue, p.list)
 	notify(w.wake)
 	p.watchers[w] = struct{}{}
 	p.broadcastLocked()
@@ -324,7 +321,7 @@ func (p *Plugin) unsubscribe(w *watcher) {
 
 // next takes the messages queued on w; closed reports that CloseStreams ended
 // the stream.
-func (p *Plugin) next(w *watcher) (msgs []*pluginapi.ListAndWatchResponse, closed bool) {
+func (p *Plugin) next(w *watcher) (msgs []listMessage, closed bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	msgs, w.queue = w.queue, nil
@@ -405,73 +402,15 @@ func (s *socketFile) remove(logger klog.Logger) {
 	}
 }
 
-// cloneDevices deep-copies devices, nil entries included. Devices holding
-// nothing but the API's fields are copied field by field into a few blocks
-// (a list is kept and dropped whole); proto.Clone walks each message by
-// reflection and allocates each one. Any other device goes through
-// proto.CloneOf.
+// cloneDevices deep-copies devices, nil entries included: the lists
+// encodeList cannot encode, which are rare enough to be copied by reflection.
 func cloneDevices(devices []*pluginapi.Device) []*pluginapi.Device {
 	if devices == nil {
 		return nil
 	}
-	plain := func(d *pluginapi.Device) bool {
-		if d == nil || hasUnknown(d.ProtoReflect()) {
-			return false
-		}
-		if t := d.Topology; t != nil {
-			if hasUnknown(t.ProtoReflect()) {
-				return false
-			}
-			for _, n := range t.Nodes {
-				if n != nil && hasUnknown(n.ProtoReflect()) {
-					return false
-				}
-			}
-		}
-		return true
-	}
-	isPlain := make([]bool, len(devices))
-	var nDevs, nTopos, nNodes int
-	for i, d := range devices {
-		if isPlain[i] = plain(d); isPlain[i] {
-			nDevs++
-			if d.Topology != nil {
-				nTopos++
-				nNodes += len(d.Topology.Nodes)
-			}
-		}
-	}
-	devs := make([]pluginapi.Device, nDevs)
-	topos := make([]pluginapi.TopologyInfo, nTopos)
-	nodes := make([]pluginapi.NUMANode, nNodes)
-	nodePtrs := make([]*pluginapi.NUMANode, nNodes)
 	out := make([]*pluginapi.Device, len(devices))
 	for i, d := range devices {
-		if !isPlain[i] {
-			out[i] = proto.CloneOf(d) // nil stays nil
-			continue
-		}
-		c := &devs[0]
-		devs = devs[1:]
-		c.ID, c.Health = d.ID, d.Health
-		if t := d.Topology; t != nil {
-			c.Topology = &topos[0]
-			topos = topos[1:]
-			if t.Nodes != nil {
-				c.Topology.Nodes = nodePtrs[:len(t.Nodes):len(t.Nodes)]
-				nodePtrs = nodePtrs[len(t.Nodes):]
-				for j, n := range t.Nodes {
-					// A nil node becomes an empty one, as proto.CloneOf
-					// makes it.
-					nodes[0].ID = n.GetID()
-					c.Topology.Nodes[j] = &nodes[0]
-					nodes = nodes[1:]
-				}
-			}
-		}
-		out[i] = c
+		out[i] = proto.CloneOf(d) // nil stays nil
 	}
 	return out
 }
-
-func hasUnknown(m protoreflect.Message) bool { return len(m.GetUnknown()) > 0 }

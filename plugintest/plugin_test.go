@@ -3,7 +3,6 @@ package plugintest
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"os"
@@ -16,8 +15,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
@@ -277,80 +274,4 @@ func TestStopEndsStreams(t *testing.T) {
 	}
 	p.Update(devices("b")) // no stream left; must not block
 	assert.Equal(t, []string{"b"}, deviceIDs(p.Devices()))
-}
-
-// cloneDevices copies every shape of device exactly, shares no message with
-// its input, and keeps nil entries; devices with unknown fields keep them.
-func TestCloneDevicesDeep(t *testing.T) {
-	withUnknown := func(m proto.Message) {
-		m.ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 99, protowire.VarintType), 7))
-	}
-	odd := &pluginapi.Device{ID: "u", Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: 1}, {ID: 2}}}}
-	withUnknown(odd)
-	oddTopo := &pluginapi.Device{ID: "t", Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: 1}}}}
-	withUnknown(oddTopo.Topology)
-	oddNode := &pluginapi.Device{ID: "n", Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: 3}, nil}}}
-	withUnknown(oddNode.Topology.Nodes[0])
-	in := []*pluginapi.Device{
-		nil, {}, {ID: "a", Health: pluginapi.Healthy},
-		{ID: "b", Health: "Unknown", Topology: &pluginapi.TopologyInfo{}},
-		{ID: "c", Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{}}},
-		{ID: "d", Health: pluginapi.Unhealthy, Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: 0}, nil, {ID: -1}}}},
-		odd, oddTopo, oddNode,
-	}
-	out := cloneDevices(in)
-	require.Len(t, out, len(in))
-	for i := range in {
-		if in[i] == nil {
-			assert.Nil(t, out[i], "device %d", i)
-			continue
-		}
-		assert.True(t, proto.Equal(in[i], out[i]), "device %d: %v, want %v", i, out[i], in[i])
-		assert.NotSame(t, in[i], out[i])
-		if in[i].Topology != nil {
-			assert.NotSame(t, in[i].Topology, out[i].Topology)
-			assert.Equal(t, in[i].Topology.Nodes == nil, out[i].Topology.Nodes == nil, "device %d: nil and empty nodes", i)
-			ref := proto.CloneOf(in[i])
-			for j, n := range in[i].Topology.Nodes {
-				assert.Equal(t, ref.Topology.Nodes[j] == nil, out[i].Topology.Nodes[j] == nil,
-					"device %d node %d: nil as proto.CloneOf makes it", i, j)
-				if n != nil {
-					assert.NotSame(t, n, out[i].Topology.Nodes[j])
-				}
-			}
-		}
-	}
-	assert.Nil(t, cloneDevices(nil))
-}
-
-// The field-by-field copy knows every field of the API's messages; a new
-// field in a newer API would be dropped, so this fails first.
-func TestCloneDevicesKnowsEveryField(t *testing.T) {
-	fields := func(m proto.Message) []string {
-		var names []string
-		fs := m.ProtoReflect().Descriptor().Fields()
-		for i := range fs.Len() {
-			names = append(names, string(fs.Get(i).Name()))
-		}
-		return names
-	}
-	assert.Equal(t, []string{"ID", "health", "topology"}, fields(&pluginapi.Device{}))
-	assert.Equal(t, []string{"nodes"}, fields(&pluginapi.TopologyInfo{}))
-	assert.Equal(t, []string{"ID"}, fields(&pluginapi.NUMANode{}))
-}
-
-// BenchmarkCloneDevices copies a list of 10,000 GPU-style devices, as
-// Update and Devices do.
-func BenchmarkCloneDevices(b *testing.B) {
-	devs := make([]*pluginapi.Device, 10000)
-	for i := range devs {
-		devs[i] = &pluginapi.Device{ID: fmt.Sprintf("GPU-%08x-%04x-%04x-%04x-%012x", i, i, i, i, i), Health: pluginapi.Healthy,
-			Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: int64(i % 2)}}}}
-	}
-	b.ReportAllocs()
-	for b.Loop() {
-		if len(cloneDevices(devs)) != len(devs) {
-			b.Fatal("short copy")
-		}
-	}
 }
