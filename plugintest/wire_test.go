@@ -197,3 +197,40 @@ func TestEncodeListKnowsEveryField(t *testing.T) {
 	assert.Equal(t, []string{"nodes"}, fields(&pluginapi.TopologyInfo{}))
 	assert.Equal(t, []string{"ID"}, fields(&pluginapi.NUMANode{}))
 }
+
+// FuzzEncodeList compares encodeList with proto.Marshal on every list that
+// proto.Unmarshal makes of the input. A list it refuses must hold unknown
+// fields (proto.Unmarshal yields neither nil devices nor strings that are not
+// UTF-8): reading the input again without them must give another message.
+func FuzzEncodeList(f *testing.F) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for range 8 {
+		devs := make([]*pluginapi.Device, 1+r.IntN(5))
+		for j := range devs {
+			devs[j] = randomDevice(r)
+		}
+		b, err := proto.Marshal(&pluginapi.ListAndWatchResponse{Devices: devs})
+		require.NoError(f, err)
+		f.Add(b)
+	}
+	odd := &pluginapi.ListAndWatchResponse{Devices: unusualLists()["unknown fields, node"]}
+	b, err := proto.Marshal(odd)
+	require.NoError(f, err)
+	f.Add(b)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var m pluginapi.ListAndWatchResponse
+		if proto.Unmarshal(b, &m) != nil {
+			return
+		}
+		got, ok := encodeList(m.Devices, len(b))
+		if !ok {
+			var known pluginapi.ListAndWatchResponse
+			require.NoError(t, proto.UnmarshalOptions{DiscardUnknown: true}.Unmarshal(b, &known))
+			assert.False(t, proto.Equal(&m, &known), "refused a list without unknown fields: %v", &m)
+			return
+		}
+		want, err := proto.Marshal(&pluginapi.ListAndWatchResponse{Devices: m.Devices})
+		require.NoError(t, err)
+		assert.Equal(t, want, got)
+	})
+}
