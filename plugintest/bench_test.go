@@ -83,3 +83,23 @@ func BenchmarkUpdateReceived(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkDevices copies a list of 10,000 GPU-style devices out of the
+// plugin, which decodes the list Update encoded.
+func BenchmarkDevices(b *testing.B) {
+	devs := make([]*pluginapi.Device, 10000)
+	for i := range devs {
+		devs[i] = &pluginapi.Device{ID: fmt.Sprintf("GPU-%08x-%04x-%04x-%04x-%012x", i, i, i, i, i), Health: pluginapi.Healthy,
+			Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: int64(i % 2)}}}}
+	}
+	p, err := New(Options{ResourceName: testResource, Devices: devs})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if len(p.Devices()) != len(devs) {
+			b.Fatal("short copy")
+		}
+	}
+}

@@ -251,8 +251,9 @@ func (p *Plugin) Stop() {
 // Devices returns a copy of the current device list.
 func (p *Plugin) Devices() []*pluginapi.Device {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.list.devices()
+	list := p.list
+	p.mu.Unlock()
+	return list.devices() // immutable: copied without the lock
 }
 
 // Update replaces the device list with a copy of devices and queues it on
@@ -411,6 +412,9 @@ func cloneDevices(devices []*pluginapi.Device) []*pluginapi.Device {
 	out := make([]*pluginapi.Device, len(devices))
 	for i, d := range devices {
 		out[i] = proto.CloneOf(d) // nil stays nil
+		if t := d.GetTopology(); t != nil && t.Nodes != nil && len(t.Nodes) == 0 {
+			out[i].Topology.Nodes = []*pluginapi.NUMANode{} // proto.CloneOf leaves it nil
+		}
 	}
 	return out
 }

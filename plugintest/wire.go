@@ -27,6 +27,9 @@ import (
 type listMessage struct {
 	msg  *pluginapi.ListAndWatchResponse // nil when wire holds the list
 	wire encodedList
+	// empty is set for a list that was empty but not nil, which wire does
+	// not tell from nil, so that devices gives back what Update was given.
+	empty bool
 }
 
 // encodedList is the wire encoding of a ListAndWatchResponse, sent as it is
@@ -37,7 +40,7 @@ type encodedList []byte
 // encoding likely has (that of the list before it).
 func newListMessage(devices []*pluginapi.Device, sizeHint int) listMessage {
 	if wire, ok := encodeList(devices, sizeHint); ok {
-		return listMessage{wire: wire}
+		return listMessage{wire: wire, empty: devices != nil && len(devices) == 0}
 	}
 	return listMessage{msg: &pluginapi.ListAndWatchResponse{Devices: cloneDevices(devices)}}
 }
@@ -61,6 +64,9 @@ func (m listMessage) devices() []*pluginapi.Device {
 		// writes, and the tests hold the two equal.
 		panic(fmt.Sprintf("plugintest: cannot decode an encoded device list: %v", err))
 	}
+	if m.empty {
+		return []*pluginapi.Device{}
+	}
 	return r.Devices
 }
 
@@ -77,7 +83,10 @@ const (
 // encodeList returns the bytes proto.Marshal gives for a ListAndWatchResponse
 // holding devices, or false when a device is not one it can encode: nil (or
 // with a nil NUMA node), holding unknown fields, or with a string that is not
-// valid UTF-8 (which proto.Marshal refuses). The tests compare the two.
+// valid UTF-8 (which proto.Marshal refuses). It also refuses a topology whose
+// node list is empty but not nil: the bytes are those of no list, and a copy
+// keeps the empty list for Devices. The tests compare encodeList with
+// proto.Marshal.
 //
 // It reads each device once (a list of 10,000 spans megabytes of small
 // objects, and every pass over them waits on memory), so the bytes are
@@ -109,7 +118,7 @@ func encodable(d *pluginapi.Device) bool {
 	if t == nil {
 		return true
 	}
-	if hasUnknown(t.ProtoReflect()) {
+	if hasUnknown(t.ProtoReflect()) || (t.Nodes != nil && len(t.Nodes) == 0) {
 		return false
 	}
 	for _, n := range t.Nodes {

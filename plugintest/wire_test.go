@@ -25,7 +25,8 @@ func marshalList(t *testing.T, devs []*pluginapi.Device) []byte {
 
 // randomDevice makes a device of any shape encodeList takes: empty and long
 // strings (lengths over 127 take a two-byte varint), non-ASCII IDs, no
-// topology, an empty one, and nodes with zero, negative and large IDs.
+// topology, an empty one, and nodes with zero, negative and large IDs, now
+// and then enough of them for the topology to pass 127 bytes.
 func randomDevice(r *rand.Rand) *pluginapi.Device {
 	str := func() string {
 		switch r.IntN(6) {
@@ -50,11 +51,13 @@ func randomDevice(r *rand.Rand) *pluginapi.Device {
 	case 0:
 	case 1:
 		d.Topology = &pluginapi.TopologyInfo{}
-	case 2:
-		d.Topology = &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{}}
 	default:
 		d.Topology = &pluginapi.TopologyInfo{}
-		for range 1 + r.IntN(3) {
+		n := 1 + r.IntN(3)
+		if r.IntN(4) == 0 {
+			n = 13 + r.IntN(60)
+		}
+		for range n {
 			ids := []int64{0, 1, -1, int64(r.IntN(300)), math.MaxInt64, math.MinInt64}
 			d.Topology.Nodes = append(d.Topology.Nodes, &pluginapi.NUMANode{ID: ids[r.IntN(len(ids))]})
 		}
@@ -98,6 +101,7 @@ func unusualLists() map[string][]*pluginapi.Device {
 	return map[string][]*pluginapi.Device{
 		"nil device":             {plain(), nil},
 		"nil node":               {{ID: "d", Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: 1}, nil}}}},
+		"empty node list":        {plain(), {ID: "c", Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{}}}},
 		"unknown fields, device": {plain(), odd},
 		"unknown fields, topo":   {oddTopo},
 		"unknown fields, node":   {oddNode},
@@ -151,20 +155,25 @@ func TestListAndWatchSendsUnusualLists(t *testing.T) {
 	}
 }
 
-// Devices copies the list, whichever way it is held, and shares nothing with
-// Update's argument or with an earlier copy.
+// Devices copies the list, whichever way it is held: it shares nothing with
+// Update's argument or with an earlier copy, and keeps nil and empty lists
+// apart, as Update was given them.
 func TestDevicesCopies(t *testing.T) {
 	lists := unusualLists()
 	lists["plain"] = []*pluginapi.Device{
 		{ID: "a", Health: pluginapi.Healthy, Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: 1}}}},
 		{ID: "b"},
+		{ID: "c", Topology: &pluginapi.TopologyInfo{}},
 	}
+	lists["empty"] = []*pluginapi.Device{}
+	lists["nil"] = nil
 	for name, devs := range lists {
 		p, err := New(Options{ResourceName: testResource})
 		require.NoError(t, err)
 		p.Update(devs)
 		got := p.Devices()
 		require.Len(t, got, len(devs), name)
+		assert.Equal(t, devs == nil, got == nil, "%s: nil and empty lists", name)
 		again := p.Devices()
 		for i, d := range devs {
 			if d == nil {
@@ -176,6 +185,7 @@ func TestDevicesCopies(t *testing.T) {
 			assert.NotSame(t, got[i], again[i], name)
 			if d.Topology != nil {
 				assert.NotSame(t, d.Topology, got[i].Topology, name)
+				assert.Equal(t, d.Topology.Nodes == nil, got[i].Topology.Nodes == nil, "%s: device %d: nil and empty nodes", name, i)
 			}
 		}
 	}
