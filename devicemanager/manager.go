@@ -46,6 +46,9 @@ type ManagerImpl struct {
 	wg sync.WaitGroup
 	// stopOnce makes Stop idempotent.
 	stopOnce sync.Once
+	// afterDial, when set (by tests, before Start), runs in connect between
+	// a successful dial and taking mu: the window in which Stop may land.
+	afterDial func()
 
 	// writeMu serialises checkpoint writes. It is taken before mu, never
 	// while mu is held.

@@ -117,6 +117,9 @@ func (m *ManagerImpl) connect(ctx context.Context, resource, path string) error 
 		m.metrics.rpcErrors.WithLabelValues(resource, methodGetDevicePluginOptions).Inc()
 		return err
 	}
+	if m.afterDial != nil {
+		m.afterDial()
+	}
 	m.mu.Lock()
 	if m.state != started {
 		m.mu.Unlock()

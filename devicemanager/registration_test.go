@@ -249,3 +249,23 @@ func TestAllocateRefusesInvalidUTF8(t *testing.T) {
 	err = h.m.Allocate(context.Background(), nil, nil)
 	assert.ErrorIs(t, err, ErrInvalidRequest)
 }
+
+// A plugin whose dial-back completes after Stop has returned is not
+// adopted: connect finds the manager stopped once it takes the lock, stops
+// the new endpoint and fails the registration, so no follower starts after
+// Stop and the resource never appears. The plugin-watcher path is the one
+// where this can happen: Stop waits for registrations through kubelet.sock
+// (their gRPC handlers), not for RegisterPlugin calls.
+func TestStopDuringDialDropsTheNewEndpoint(t *testing.T) {
+	h := newHarness(t)
+	h.m.afterDial = func() { require.NoError(t, h.m.Stop()) }
+	h.start()
+	p := h.plugin("example.com/gpu", devices("gpu", 2))
+
+	err := h.m.GetWatcherHandler().RegisterPlugin(p.ResourceName(), p.SocketPath(), nil, nil)
+	require.ErrorIs(t, err, ErrStopped)
+	c, _ := h.capacity("example.com/gpu")
+	assert.Equal(t, int64(-1), c, "the resource of the dropped endpoint is not registered")
+	assert.Len(t, p.CallsOf(plugintest.MethodGetDevicePluginOptions), 1, "the dial-back did reach the plugin")
+	assert.Empty(t, p.CallsOf(plugintest.MethodListAndWatch), "no stream was opened to the dropped endpoint")
+}
