@@ -31,20 +31,7 @@ func (sizeCodec) Name() string { return grpcproto.Name }
 // them changing health each time, until one ListAndWatch client has received
 // the message whole.
 func BenchmarkUpdateReceived(b *testing.B) {
-	lists := [2][]*pluginapi.Device{make([]*pluginapi.Device, 10000), make([]*pluginapi.Device, 10000)}
-	for i := range lists[0] {
-		for l := range lists {
-			health := pluginapi.Healthy
-			if l == 1 && i%10 == 0 {
-				health = pluginapi.Unhealthy
-			}
-			lists[l][i] = &pluginapi.Device{
-				ID:       fmt.Sprintf("GPU-%08x-%04x-%04x-%04x-%012x", i, i, i, i, i),
-				Health:   health,
-				Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: int64(i % 2)}}},
-			}
-		}
-	}
+	lists := [2][]*pluginapi.Device{gpuDevices(10000, 0), gpuDevices(10000, 10)}
 	p, err := New(Options{ResourceName: testResource, SocketDir: b.TempDir(), Devices: lists[0]})
 	if err != nil {
 		b.Fatal(err)
@@ -87,11 +74,7 @@ func BenchmarkUpdateReceived(b *testing.B) {
 // BenchmarkDevices copies a list of 10,000 GPU-style devices out of the
 // plugin, which decodes the list Update encoded.
 func BenchmarkDevices(b *testing.B) {
-	devs := make([]*pluginapi.Device, 10000)
-	for i := range devs {
-		devs[i] = &pluginapi.Device{ID: fmt.Sprintf("GPU-%08x-%04x-%04x-%04x-%012x", i, i, i, i, i), Health: pluginapi.Healthy,
-			Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: int64(i % 2)}}}}
-	}
+	devs := gpuDevices(10000, 0)
 	p, err := New(Options{ResourceName: testResource, Devices: devs})
 	if err != nil {
 		b.Fatal(err)
@@ -102,4 +85,22 @@ func BenchmarkDevices(b *testing.B) {
 			b.Fatal("short copy")
 		}
 	}
+}
+
+// gpuDevices makes n GPU-style devices on NUMA nodes 0 and 1 alternately;
+// every unhealthyEvery-th one, from the first, is Unhealthy (0: none).
+func gpuDevices(n, unhealthyEvery int) []*pluginapi.Device {
+	devs := make([]*pluginapi.Device, n)
+	for i := range devs {
+		health := pluginapi.Healthy
+		if unhealthyEvery > 0 && i%unhealthyEvery == 0 {
+			health = pluginapi.Unhealthy
+		}
+		devs[i] = &pluginapi.Device{
+			ID:       fmt.Sprintf("GPU-%08x-%04x-%04x-%04x-%012x", i, i, i, i, i),
+			Health:   health,
+			Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: int64(i % 2)}}},
+		}
+	}
+	return devs
 }
