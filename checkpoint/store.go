@@ -164,12 +164,18 @@ func (s *fileStore) writeLocked(key string, blob []byte) (err error) {
 	}()
 	// The os errors below name the file and the operation already. A spare
 	// holds an older checkpoint: it is overwritten from the first byte that
-	// differs and cut to the new length.
-	off := 0
+	// differs and cut to the new length. One that holds exactly blob
+	// already, and that this store synced itself, has those bytes on disk:
+	// it is neither written nor synced again. That is the checkpoint of two
+	// writes before coming back, as when a device's health flaps to
+	// unhealthy and back; the sync alone (a flush of the disk's cache even
+	// with nothing to write) costs more than the rest of such a write.
+	off, holds := 0, false
 	if spare {
 		before := identify(f)
 		if s.trusted(before) {
 			off = s.samePrefix(f, blob)
+			holds = off == len(blob) && before.size == int64(len(blob))
 		}
 		// Whatever happens to this write, the file written to is no longer
 		// one this store knows the bytes of until the write has succeeded.
@@ -181,16 +187,10 @@ func (s *fileStore) writeLocked(key string, blob []byte) (err error) {
 			s.remember(id)
 		}
 	}()
-	if _, err := f.WriteAt(blob[off:], int64(off)); err != nil {
-		return errors.Join(fmt.Errorf("write checkpoint: %w", err), f.Close())
-	}
-	if spare {
-		if err := f.Truncate(int64(len(blob))); err != nil {
+	if !holds {
+		if err := fill(f, blob, off, spare); err != nil {
 			return errors.Join(fmt.Errorf("write checkpoint: %w", err), f.Close())
 		}
-	}
-	if err := f.Sync(); err != nil {
-		return errors.Join(fmt.Errorf("write checkpoint: %w", err), f.Close())
 	}
 	id = identify(f)
 	// A spare changes places with a regular checkpoint file, and becomes the
@@ -219,6 +219,20 @@ func (s *fileStore) writeLocked(key string, blob []byte) (err error) {
 		return fmt.Errorf("sync directory %s: %w", s.dir, err)
 	}
 	return nil
+}
+
+// fill writes blob into f from offset off (f holds blob's bytes before it),
+// cuts a spare to blob's length, and syncs f.
+func fill(f tempFile, blob []byte, off int, spare bool) error {
+	if _, err := f.WriteAt(blob[off:], int64(off)); err != nil {
+		return err
+	}
+	if spare {
+		if err := f.Truncate(int64(len(blob))); err != nil {
+			return err
+		}
+	}
+	return f.Sync()
 }
 
 // samePrefix returns how many leading bytes of blob the file f holds

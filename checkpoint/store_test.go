@@ -148,8 +148,10 @@ type faultyFS struct {
 	// "rename", "syncdir", "remove", "read" (of a spare's content).
 	failAt []string
 	err    error
-	// writes records the offset of every WriteAt.
+	// writes records the offset of every WriteAt, syncs counts the syncs
+	// of files written to.
 	writes []int64
+	syncs  int
 }
 
 func (f *faultyFS) fail(step string) error {
@@ -252,6 +254,7 @@ func (f *faultyFile) Truncate(size int64) error {
 }
 
 func (f *faultyFile) Sync() error {
+	f.fs.syncs++
 	if err := f.fs.fail("sync"); err != nil {
 		return err
 	}
@@ -699,6 +702,16 @@ func (d rawDoc) MarshalCheckpoint() ([]byte, error) { return d, nil }
 func (rawDoc) UnmarshalCheckpoint([]byte) error     { return errors.New("not read") }
 func (rawDoc) VerifyChecksum() error                { return nil }
 
+// rawDocReader reads a file's bytes as they are.
+type rawDocReader []byte
+
+func (d *rawDocReader) MarshalCheckpoint() ([]byte, error) { return *d, nil }
+func (d *rawDocReader) UnmarshalCheckpoint(b []byte) error {
+	*d = slices.Clone(b)
+	return nil
+}
+func (*rawDocReader) VerifyChecksum() error { return nil }
+
 // A write over a spare the store wrote itself starts at the first byte the
 // spare does not hold already, and leaves exactly the new content whatever
 // the spare held: longer, shorter, equal for a while across several read
@@ -727,7 +740,6 @@ func TestSpareIsWrittenFromTheFirstDifference(t *testing.T) {
 		{"shorter-prefix", slices.Clone(blob[:chunk+7]), nil, int64(chunk + 7)},
 		{"empty", []byte{}, nil, 0},
 		{"different", []byte("{}"), nil, 0},
-		{"same", slices.Clone(blob), nil, int64(len(blob))},
 		{"unreadable", slices.Clone(blob), []string{"read"}, 0},
 	}
 	for _, tc := range cases {
@@ -741,6 +753,7 @@ func TestSpareIsWrittenFromTheFirstDifference(t *testing.T) {
 			s.fs = ffs
 			require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, rawDoc(blob)))
 			assert.Equal(t, []int64{tc.wantOff}, ffs.writes, "one write, from the first difference")
+			assert.Equal(t, 1, ffs.syncs)
 			got, err := os.ReadFile(ck)
 			require.NoError(t, err)
 			assert.True(t, bytes.Equal(blob, got), "the checkpoint holds exactly the new content")
@@ -749,6 +762,65 @@ func TestSpareIsWrittenFromTheFirstDifference(t *testing.T) {
 			assert.Equal(t, "the current checkpoint", string(old), "exchanged with the previous checkpoint")
 		})
 	}
+}
+
+// A spare the store wrote and synced itself that holds exactly the new
+// content (the checkpoint of two writes before, come back) is neither
+// written nor synced: it only changes places with the checkpoint, and the
+// store goes on trusting it. Holding the new content followed by more, or
+// holding it without this store having synced it, does not count.
+func TestSpareHoldingTheContentIsNotWrittenAgain(t *testing.T) {
+	a, b := rawDoc(strings.Repeat("a", 100000)), rawDoc(strings.Repeat("a", 99999)+"b")
+	s, dir := newTestStore(t)
+	ck, spare := filepath.Join(dir, DeviceManagerKey), filepath.Join(dir, SpareName(DeviceManagerKey))
+	require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, a))
+	require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, b))
+	for i, want := range []rawDoc{a, b, a} {
+		other := b
+		if i == 1 {
+			other = a
+		}
+		ffs := &faultyFS{}
+		s.fs = ffs
+		require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, want))
+		assert.Empty(t, ffs.writes, "write %d: nothing written", i)
+		assert.Zero(t, ffs.syncs, "write %d: nothing synced", i)
+		got, err := os.ReadFile(ck)
+		require.NoError(t, err)
+		assert.True(t, bytes.Equal(want, got), "write %d: the checkpoint holds the content", i)
+		old, err := os.ReadFile(spare)
+		require.NoError(t, err)
+		assert.True(t, bytes.Equal(other, old), "write %d: the previous checkpoint is the spare", i)
+		fresh, err := NewManager(dir)
+		require.NoError(t, err)
+		var read rawDocReader
+		require.NoError(t, fresh.GetCheckpoint(DeviceManagerKey, &read))
+		assert.True(t, bytes.Equal(want, read), "write %d: another store reads it", i)
+	}
+
+	t.Run("longer spare", func(t *testing.T) {
+		s, _ := newTestStore(t)
+		require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, append(slices.Clone(a), "more"...)))
+		require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, b))
+		ffs := &faultyFS{}
+		s.fs = ffs
+		require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, a))
+		assert.Equal(t, []int64{int64(len(a))}, ffs.writes)
+		assert.Equal(t, 1, ffs.syncs, "cut, then synced")
+		got, err := os.ReadFile(filepath.Join(s.dir, DeviceManagerKey))
+		require.NoError(t, err)
+		assert.True(t, bytes.Equal(a, got))
+	})
+	t.Run("spare put there by hand", func(t *testing.T) {
+		s, dir := newTestStore(t)
+		require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, b))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, SpareName(DeviceManagerKey)), a, 0o600))
+		ffs := &faultyFS{}
+		s.fs = ffs
+		require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, a))
+		assert.Equal(t, []int64{0}, ffs.writes, "written whole")
+		assert.Equal(t, 1, ffs.syncs)
+	})
 }
 
 // A spare the store did not write and sync itself is written whole, even
