@@ -140,8 +140,8 @@ type Encoder struct {
 	valid bool
 
 	// The text after the entries is the registered devices, which change
-	// far less often than entries. prevReg and prevNil tell whether it is
-	// the same as last time; tailSame counts the documents in a row that
+	// far less often than entries. prevReg and prevTailNil tell whether it
+	// is the same as last time (when tailValid); tailSame counts the documents in a row that
 	// had it. Past tailTransferAfter, a transfer of it is built a slice at a
 	// time (tailDone bytes so far, in tailPart), and tailTransfer hashes
 	// it once complete. Until then the text is written out again for each
@@ -150,6 +150,7 @@ type Encoder struct {
 	// complete.
 	prevReg      map[string][]string
 	prevTailNil  bool
+	tailValid    bool
 	tailSame     uint32
 	tailDone     int
 	tailPart     *fnvTransfer
@@ -162,22 +163,95 @@ type Encoder struct {
 	regStart, regEnd int
 	regNil           bool
 
+	// recent remembers the registered devices of the last two documents
+	// whose registered devices differed from the document's before, newest
+	// first, so that devices coming back to an earlier state (a device's
+	// health flapping to unhealthy and back) cost neither a hash of the
+	// text nor writing out the JSON again. Compared by content.
+	recent [2]*tailMemo
+	// hit is the memo of this Encode's registered devices, when recent has
+	// them.
+	hit *tailMemo
+
 	// text is scratch space for an entry's hashed text.
 	text []byte
+}
+
+// A tailMemo is the registered devices of an earlier document: the text
+// after the entries hashes from state from (isNil: after a nil entry list)
+// to state to, and json is their JSON (nil when larger than
+// memoJSONLimit).
+type tailMemo struct {
+	reg      map[string][]string
+	regNil   bool
+	isNil    bool
+	from, to uint32
+	json     []byte
+}
+
+// memoJSONLimit bounds the JSON a tailMemo keeps: two of them hold about
+// 100,000 device IDs.
+const memoJSONLimit = 4 << 20
+
+// recall returns the memo of registered (by content) and moves it first;
+// nil if recent does not have it.
+func (c *Encoder) recall(registered map[string][]string) *tailMemo {
+	for i, m := range c.recent {
+		if m != nil && m.regNil == (registered == nil) && sameContent(registered, m.reg) {
+			c.recent[0], c.recent[i] = m, c.recent[0]
+			return m
+		}
+	}
+	return nil
+}
+
+// memorize records the registered devices of the document just encoded,
+// whose text hashed from state from to state to, and whose JSON is json.
+// The memo it evicts lends its JSON buffer.
+func (c *Encoder) memorize(registered map[string][]string, isNil bool, from, to uint32, json []byte) {
+	m := c.recent[1]
+	if m == nil {
+		m = &tailMemo{}
+	}
+	buf := m.json[:0]
+	*m = tailMemo{reg: c.prevReg, regNil: registered == nil, isNil: isNil, from: from, to: to}
+	if len(json) <= memoJSONLimit {
+		m.json = append(buf, json...)
+	}
+	c.recent[0], c.recent[1] = m, c.recent[0]
+}
+
+// sameContent reports whether a and b hold the same keys and, for each, the
+// same IDs in the same order, nil and empty lists told apart.
+func sameContent(a, b map[string][]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		w, ok := b[k]
+		if !ok || (v == nil) != (w == nil) || !slices.Equal(v, w) {
+			return false
+		}
+	}
+	return true
 }
 
 // hashTail returns the checksum: state h continued over the text after the
 // entries. same reports that registered is the previous document's.
 func (c *Encoder) hashTail(h uint32, isNil bool, registered map[string][]string) (sum uint32, same bool) {
-	same = c.prevReg != nil && isNil == c.prevTailNil && sameRegistered(registered, c.prevReg)
+	same = c.tailValid && isNil == c.prevTailNil && sameRegistered(registered, c.prevReg)
+	c.hit = nil
 	if same {
 		c.tailSame++
 	} else {
-		c.prevReg, c.prevTailNil = maps.Clone(registered), isNil
-		if c.prevReg == nil {
-			c.prevReg = map[string][]string{}
-		}
+		c.prevReg, c.prevTailNil, c.tailValid = maps.Clone(registered), isNil, true
 		c.tailSame, c.tailDone, c.tailPart, c.tailTransfer = 0, 0, nil, nil
+		if c.hit = c.recall(registered); c.hit != nil {
+			if c.hit.isNil != isNil || c.hit.from != h {
+				c.hit.isNil, c.hit.from, c.hit.to = isNil, h, hashTailText(h, isNil, registered)
+			}
+			return c.hit.to, same
+		}
 	}
 	if c.tailTransfer != nil {
 		return c.tailTransfer.apply(h), same
@@ -272,10 +346,10 @@ func sameRegistered(a, b map[string][]string) bool {
 // document is the caller's until the second Encode after this one, which
 // writes over its memory.
 //
-// registered's slices are compared with the previous call's by identity,
-// not content: passing the same slice (same array, same length) again
-// promises the same IDs. A caller that changes IDs in place must pass a new
-// slice; one that passes equal IDs in a new slice only loses a shortcut.
+// The Encoder keeps registered's slices (not the map): they must not be
+// modified afterwards. They are compared with the previous call's by
+// identity first (the same slice again costs nothing), and with those of
+// the last two changes by content.
 func (c *Encoder) Encode(entries []*EncodedEntry, registered map[string][]string) ([]byte, uint64) {
 	isNil := entries == nil
 	k := 0
@@ -323,8 +397,6 @@ func (c *Encoder) Encode(entries []*EncodedEntry, registered map[string][]string
 		json := entries[i].encoded()
 		size += len(json) + 1
 	}
-	// tailSame holds a nil map and an empty one alike (so does the hashed
-	// text); their JSON differs.
 	copyReg := tailSame && c.valid && (registered == nil) == c.regNil
 	regSize := c.regEnd - c.regStart
 	if !copyReg {
@@ -358,10 +430,16 @@ func (c *Encoder) Encode(entries []*EncodedEntry, registered map[string][]string
 	}
 	blob = append(blob, `,"RegisteredDevices":`...)
 	regStart := len(blob)
-	if copyReg {
+	switch {
+	case copyReg:
 		blob = append(blob, c.blob[c.regStart:c.regEnd]...)
-	} else {
+	case c.hit != nil && c.hit.json != nil:
+		blob = append(blob, c.hit.json...)
+	default:
 		blob = appendRegistered(blob, registered)
+		if !tailSame && c.hit == nil {
+			c.memorize(registered, isNil, h, sum32, blob[regStart:])
+		}
 	}
 	c.regStart, c.regEnd, c.regNil = regStart, len(blob), registered == nil
 	blob = append(blob, `},"Checksum":`...)

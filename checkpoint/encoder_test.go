@@ -52,8 +52,9 @@ func TestEncoderMatchesMarshalCheckpoint(t *testing.T) {
 		var c Encoder
 		d := g.data()
 		enc := encodeAll(d.PodDeviceEntries)
+		history := []map[string][]string{d.RegisteredDevices}
 		for step := range 30 {
-			switch op := r.IntN(8); {
+			switch op := r.IntN(9); {
 			case op < 3 && enc != nil: // insert somewhere
 				e := EncodeEntry(PodDevicesEntry{PodUID: g.str(), ContainerName: g.str(), ResourceName: g.str(),
 					DeviceIDs: g.numa(), AllocResp: g.bytes()})
@@ -68,6 +69,12 @@ func TestEncoderMatchesMarshalCheckpoint(t *testing.T) {
 				enc[i] = EncodeEntry(PodDevicesEntry{PodUID: g.str(), DeviceIDs: g.numa(), AllocResp: g.bytes()})
 			case op == 5: // registered devices change
 				d.RegisteredDevices = g.registered()
+				history = append(history, d.RegisteredDevices)
+			case op == 7: // ... or come back to an earlier state, in new slices or not
+				d.RegisteredDevices = history[r.IntN(len(history))]
+				if r.IntN(2) == 0 {
+					d.RegisteredDevices = cloneRegistered(d.RegisteredDevices)
+				}
 			case op == 6: // nil <-> empty
 				if enc == nil {
 					enc = []*EncodedEntry{}
@@ -77,6 +84,85 @@ func TestEncoderMatchesMarshalCheckpoint(t *testing.T) {
 			}
 			checkEncode(t, &c, enc, d.RegisteredDevices, fmt.Sprintf("run %d step %d", run, step))
 		}
+	}
+}
+
+// cloneRegistered copies m and its ID lists, nil and empty kept apart.
+func cloneRegistered(m map[string][]string) map[string][]string {
+	if m == nil {
+		return nil
+	}
+	out := make(map[string][]string, len(m))
+	for k, v := range m {
+		out[k] = slices.Clone(v)
+	}
+	return out
+}
+
+// Registered devices that come back to one of the last two states the
+// Encoder wrote, in new slices, are recognised by content: the document
+// reuses that state's hash and JSON, and is still exactly the kubelet's,
+// also when the entries before changed meanwhile. Lists that differ only
+// in nil against empty are different states, and a third state pushes the
+// oldest out.
+func TestEncoderRecallsEarlierRegisteredDevices(t *testing.T) {
+	a := map[string][]string{"r": {"dev-1", "dev-2", "dev-3"}, "s": {"x"}}
+	b := map[string][]string{"r": {"dev-1", "dev-3"}, "s": {"x"}}
+	c := map[string][]string{"r": {"dev-1"}, "s": {"x"}}
+	one := encodeAll(sampleEntries())
+	two := append(slices.Clone(one), EncodeEntry(PodDevicesEntry{PodUID: "zzz", ContainerName: "c",
+		ResourceName: "r", DeviceIDs: DevicesPerNUMA{0: {"dev-2"}}, AllocResp: []byte{1}}))
+	steps := []struct {
+		entries    []*EncodedEntry
+		registered map[string][]string
+		recalled   bool
+	}{
+		{one, a, false},
+		{one, b, false},
+		{one, cloneRegistered(a), true},
+		{one, cloneRegistered(b), true},
+		{two, cloneRegistered(a), true}, // hashed again from the new state
+		{nil, cloneRegistered(b), true}, // the text after a nil entry list differs
+		{nil, c, false},
+		{nil, cloneRegistered(a), false}, // pushed out by b and c
+		{nil, map[string][]string{"r": {}}, false},
+		{nil, map[string][]string{"r": nil}, false},
+		{nil, map[string][]string{"r": {}}, true},
+		{nil, map[string][]string{}, false},
+		{nil, nil, false},
+		{nil, map[string][]string{}, true},
+	}
+	var enc Encoder
+	for i, st := range steps {
+		checkEncode(t, &enc, st.entries, st.registered, fmt.Sprintf("step %d", i))
+		if got := enc.hit != nil; got != st.recalled {
+			t.Fatalf("step %d: recalled %v, want %v", i, got, st.recalled)
+		}
+	}
+}
+
+// Many documents in a row with a nil map of registered devices, or an empty
+// one, get a transfer of that text (after tailTransferAfter documents); the
+// other one coming next is hashed as what it is, not through that transfer.
+func TestEncoderNilAndEmptyRegisteredAfterTransfer(t *testing.T) {
+	for _, first := range []map[string][]string{nil, {}} {
+		var enc Encoder
+		var then map[string][]string
+		if first == nil {
+			then = map[string][]string{}
+		}
+		entries := encodeAll(sampleEntries())
+		for i := range tailTransferAfter + 40 {
+			// The entries change, so that the text after them is hashed
+			// from a new state each time.
+			entries = append(slices.Clone(entries), EncodeEntry(PodDevicesEntry{PodUID: fmt.Sprintf("u%03d", i)}))
+			checkEncode(t, &enc, entries, first, fmt.Sprintf("%v %d", first, i))
+		}
+		if enc.tailTransfer == nil {
+			t.Fatalf("%v: no transfer was built", first)
+		}
+		checkEncode(t, &enc, entries, then, fmt.Sprintf("%v after %v", then, first))
+		checkEncode(t, &enc, entries, first, fmt.Sprintf("%v again", first))
 	}
 }
 
