@@ -151,7 +151,7 @@ func (m *ManagerImpl) collectResourcesLocked(names []string) {
 		r.primary = nil
 		r.healthySorted = nil
 		r.census = nil
-		r.lastList, r.order = nil, nil
+		r.setLastList(nil)
 	}
 }
 

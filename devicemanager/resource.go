@@ -54,6 +54,10 @@ type resourceState struct {
 	// update that lists the same IDs in that order is applied in place, in
 	// one pass with no map built (see updateInPlace).
 	lastList []*pluginapi.Device
+	// listHealthy[i] says whether lastList[i] is healthy, so that the
+	// healthy IDs are listed in order from two arrays, without visiting
+	// every device (see sortedHealthy). Set with lastList (setLastList).
+	listHealthy []bool
 	// order is lastList's indices in ID order; nil when stale, and always
 	// when lastList is nil. An update applied in place keeps it.
 	order []int32
@@ -147,9 +151,9 @@ func (r *resourceState) sortedHealthy() []string {
 	out := make([]string, 0, r.healthyLen())
 	if r.lastList != nil {
 		r.sortLastList()
-		for _, i := range r.order {
-			if d := r.lastList[i]; d.Health == pluginapi.Healthy {
-				out = append(out, d.ID)
+		for k, i := range r.order {
+			if r.listHealthy[i] {
+				out = append(out, r.sortedIDs[k])
 			}
 		}
 	} else {
@@ -206,6 +210,21 @@ func (r *resourceState) adoptOrder(list []*pluginapi.Device, order []int32, ids 
 	}
 	if r.order == nil || r.sortedIDs == nil {
 		r.order, r.sortedIDs = order, ids
+	}
+}
+
+// setLastList makes lastList a copy of list (nil: none), with its health
+// flags, and drops the order of the previous one.
+func (r *resourceState) setLastList(list []*pluginapi.Device) {
+	r.order = nil
+	if list == nil {
+		r.lastList, r.listHealthy = nil, nil
+		return
+	}
+	r.lastList = slices.Clone(list)
+	r.listHealthy = make([]bool, len(list))
+	for i, d := range list {
+		r.listHealthy[i] = d.Health == pluginapi.Healthy
 	}
 }
 
@@ -277,9 +296,9 @@ func (r *resourceState) applyList(devs []*pluginapi.Device, borrowed bool) (chan
 		healthyChanged = (devices[id].Health == pluginapi.Healthy) != r.isHealthy(id)
 	}
 	r.devices, r.healthyN, r.down = devices, healthyN, false
-	r.lastList, r.order = nil, nil
+	r.setLastList(nil)
 	if len(devices) == len(devs) {
-		r.lastList = slices.Clone(devs)
+		r.setLastList(devs)
 	}
 	r.census = nil
 	if !sameIDs {
@@ -316,13 +335,20 @@ func (r *resourceState) updateInPlace(devs []*pluginapi.Device, borrowed bool) (
 	topologyChanged := false
 	for _, i := range diff {
 		d, prev := devs[i], r.lastList[i]
-		if borrowed {
+		sameNodes := sameTopology(d.Topology, prev.Topology)
+		switch {
+		case borrowed && sameNodes && sameShape(d.Topology, prev.Topology):
+			// A health flip: the copy shares the stored topology, which
+			// the manager never changes.
+			d = &pluginapi.Device{ID: d.ID, Health: d.Health, Topology: prev.Topology}
+		case borrowed:
 			d = cloneDevice(d)
 		}
 		r.lastList[i] = d
+		r.listHealthy[i] = d.Health == pluginapi.Healthy
 		r.devices[d.ID] = d
 		// The census counts every device by its nodes, unhealthy ones too.
-		if !topologyChanged && !sameTopology(d.Topology, prev.Topology) {
+		if !sameNodes {
 			topologyChanged = true
 		}
 		if d.Health == prev.Health {
@@ -383,10 +409,16 @@ func sameTopology(a, b *pluginapi.TopologyInfo) bool {
 	return true
 }
 
+// sameShape reports whether a and b are nil alike and so are their node
+// lists: with sameTopology, whether a copy of one is a copy of the other.
+func sameShape(a, b *pluginapi.TopologyInfo) bool {
+	return (a == nil) == (b == nil) && (a.GetNodes() == nil) == (b.GetNodes() == nil)
+}
+
 // markUnhealthy moves every healthy device to unhealthy: the plugin is gone,
 // its devices still count in capacity but not in allocatable.
 func (r *resourceState) markUnhealthy() {
-	r.lastList, r.order = nil, nil
+	r.setLastList(nil)
 	had := r.healthyLen()
 	r.down = true
 	if had == 0 {

@@ -154,7 +154,7 @@ func TestUpdateInPlaceMatchesRebuild(t *testing.T) {
 			}) {
 				inPlace++
 			}
-			slow.lastList = nil
+			slow.setLastList(nil)
 			gotChanged, gotHealthy := fast.setDevices(sent)
 			wantChanged, wantHealthy := slow.setDevices(sent)
 			slices.Sort(gotChanged)
