@@ -116,6 +116,45 @@ func BenchmarkDeviceUpdate(b *testing.B) {
 	}
 }
 
+// BenchmarkDeviceUpdateReceived is BenchmarkDeviceUpdate through
+// PluginListAndWatchReceiver, with each message built afresh (outside the
+// timer), as a client that decodes every message whole hands it over: the
+// manager copies what it keeps. The devices have GPU-style IDs and one NUMA
+// node each.
+func BenchmarkDeviceUpdateReceived(b *testing.B) {
+	for _, pods := range []int{0, 1000} {
+		b.Run(fmt.Sprintf("pods=%d", pods), func(b *testing.B) {
+			h := newHarness(b, quiet).start()
+			devs := make([]*pluginapi.Device, 10000)
+			for i := range devs {
+				devs[i] = dev(fmt.Sprintf("GPU-%08x-5e1f-4c1a-9b0d-%012x", uint32(i)*2654435761, i), pluginapi.Healthy, int64(i%2))
+			}
+			h.registered(res1, devs)
+			h.admitPods(b, pods)
+			go drain(h.m.Updates())
+			message := func(flip bool) *pluginapi.ListAndWatchResponse {
+				out := make([]*pluginapi.Device, len(devs))
+				for i, d := range devs {
+					out[i] = &pluginapi.Device{ID: d.ID, Health: d.Health, Topology: d.Topology}
+					if flip && i < len(devs)/10 {
+						out[i].Health = pluginapi.Unhealthy
+					}
+				}
+				return &pluginapi.ListAndWatchResponse{Devices: out}
+			}
+			i := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				b.StopTimer()
+				msg := message(i%2 == 0)
+				b.StartTimer()
+				h.m.PluginListAndWatchReceiver(h.opts.Logger, res1, msg)
+				i++
+			}
+		})
+	}
+}
+
 // BenchmarkDeviceListReplaced applies lists of 10,000 devices whose IDs all
 // differ from the previous list's (two such lists, alternately), with no
 // pod allocated: every device is new, as in a plugin's first list.
