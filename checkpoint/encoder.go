@@ -399,7 +399,11 @@ func (c *Encoder) Encode(entries []*EncodedEntry, registered map[string][]string
 	}
 	copyReg := tailSame && c.valid && (registered == nil) == c.regNil
 	regSize := c.regEnd - c.regStart
-	if !copyReg {
+	switch {
+	case copyReg:
+	case c.hit != nil && c.hit.json != nil:
+		regSize = len(c.hit.json)
+	default:
 		regSize = sizeHint(registered)
 	}
 	need := 64 + size + regSize
