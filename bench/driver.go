@@ -48,6 +48,8 @@ var jobs = []job{
 	{"W3", "pods=1000", []string{"-pods", "1000"}},
 	{"W3direct", "pods=0", []string{"-pods", "0"}},
 	{"W3direct", "pods=1000", []string{"-pods", "1000"}},
+	{"W3", "pods=0,moving", []string{"-pods", "0", "-moving"}},
+	{"W3direct", "pods=0,moving", []string{"-pods", "0", "-moving"}},
 	{"W4", "", nil},
 	{"W5", "g=1", []string{"-goroutines", "1"}},
 	{"W5", "g=2", []string{"-goroutines", "2"}},

@@ -74,6 +74,7 @@ func runMain(args []string) error {
 	dir := fs.String("dir", "", "directory for sockets and the checkpoint (on disk)")
 	n := fs.Int("n", 1000, "W1: devices to register")
 	pods := fs.Int("pods", 0, "W3: pods holding the flipped devices (0 or 1000)")
+	moving := fs.Bool("moving", false, "W3, W3direct with -pods 0: each update makes the next tenth of the devices unhealthy (the previous tenth healthy again), so that no state of the run comes back")
 	goroutines := fs.Int("goroutines", 1, "W5: admitting goroutines (1 or 2)")
 	size := fs.Int("size", 0, "floor: bytes per write; floorgrow: the last write's size")
 	iters := fs.Int("iters", 0, "W3, W3direct, W6, floor: timed repetitions (0: the workload's default)")
@@ -103,7 +104,10 @@ func runMain(args []string) error {
 		err = r.w2()
 	case "W3", "W3direct":
 		r.res.Variant = fmt.Sprintf("pods=%d", *pods)
-		err = r.w3(*pods, orDefault(*iters, 10), *workload == "W3direct")
+		if *moving {
+			r.res.Variant += ",moving"
+		}
+		err = r.w3(*pods, orDefault(*iters, 10), *workload == "W3direct", *moving)
 	case "W4prep":
 		err = r.w4prep()
 	case "W4":
@@ -426,8 +430,11 @@ func (r *run) w2() error {
 // call (call_ns): the manager's own work, with no plugin and no gRPC. Both
 // implementations apply the list and write the checkpoint before the call
 // returns; the run checks that they did.
-func (r *run) w3(npods, iters int, direct bool) error {
+func (r *run) w3(npods, iters int, direct, moving bool) error {
 	const n = 10000
+	if moving && npods > 0 {
+		return errors.New("W3: -moving flips devices no pod holds; use it with -pods 0")
+	}
 	pods := makePods(npods, resGPU)
 	s, err := r.startManager(pods)
 	if err != nil {
@@ -438,8 +445,11 @@ func (r *run) w3(npods, iters int, direct bool) error {
 	if err != nil {
 		return err
 	}
-	flip := map[string]bool{}
-	if npods > 0 {
+	// The unhealthy devices of each update, round and round: a tenth of
+	// the devices and none, alternately; with moving, each tenth in turn.
+	var flips []map[string]bool
+	switch {
+	case npods > 0:
 		if _, err := admitAll(s, pods, nil); err != nil {
 			return err
 		}
@@ -447,19 +457,29 @@ func (r *run) w3(npods, iters int, direct bool) error {
 		if missing+dup > 0 {
 			return fmt.Errorf("%d pods without their device, %d devices held twice", missing, dup)
 		}
-		for _, id := range held {
-			flip[id] = true
+		flips = []map[string]bool{idSet(held), nil}
+	case moving:
+		// Every other update makes 900 unhealthy, not 1,000, so that
+		// allocatable changes with each one, as the poll needs.
+		for k := range 10 {
+			size := n / 10
+			if k%2 == 1 {
+				size = n / 10 * 9 / 10
+			}
+			flips = append(flips, idSet(deviceIDs(devs[k*n/10:k*n/10+size])))
 		}
-	} else {
-		for _, d := range devs[:n/10] {
-			flip[d.ID] = true
-		}
+	default:
+		flips = []map[string]bool{idSet(deviceIDs(devs[:n/10])), nil}
 	}
-	msgs := [][]*pluginapi.Device{withUnhealthy(devs, flip), devs}
-	want := []int64{int64(n - len(flip)), n}
+	var msgs [][]*pluginapi.Device
+	var want []int64
+	for _, f := range flips {
+		msgs = append(msgs, withUnhealthy(devs, f))
+		want = append(want, int64(n-len(f)))
+	}
 	cp := checkpointPath(s)
 	if direct {
-		return r.w3direct(s, devs, []map[string]bool{flip, nil}, want, iters)
+		return r.w3direct(s, devs, flips, want, iters)
 	}
 	var visible, durable durations
 	stop, err := r.startProfile()
@@ -471,8 +491,8 @@ func (r *run) w3(npods, iters int, direct bool) error {
 		before := stampOf(cp)
 		start := time.Now()
 		trace.Log(context.Background(), "W3", "update")
-		p.Update(msgs[i%2])
-		if err := waitAllocatable(s, resGPU, want[i%2], settle, nil); err != nil {
+		p.Update(msgs[i%len(msgs)])
+		if err := waitAllocatable(s, resGPU, want[i%len(want)], settle, nil); err != nil {
 			return err
 		}
 		visible = append(visible, time.Since(start))
@@ -486,8 +506,24 @@ func (r *run) w3(npods, iters int, direct bool) error {
 	r.duration("visible_ns", median(visible))
 	r.duration("visible_min_ns", visible.quantile(0))
 	r.duration("durable_ns", median(durable))
-	r.metric("flipped", float64(len(flip)))
+	r.metric("flipped", float64(len(flips[0])))
 	return nil
+}
+
+func idSet(ids []string) map[string]bool {
+	out := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		out[id] = true
+	}
+	return out
+}
+
+func deviceIDs(devs []*pluginapi.Device) []string {
+	out := make([]string, len(devs))
+	for i, d := range devs {
+		out[i] = d.ID
+	}
+	return out
 }
 
 // w3direct is W3's loop through PluginListAndWatchReceiver. Each message is
@@ -501,13 +537,13 @@ func (r *run) w3direct(s subject, devs []*pluginapi.Device, flips []map[string]b
 	}
 	defer stop()
 	for i := range iters {
-		msg := withUnhealthy(devs, flips[i%2])
+		msg := withUnhealthy(devs, flips[i%len(flips)])
 		before := stampOf(cp)
 		start := time.Now()
 		s.Receive(resGPU, msg)
 		call = append(call, time.Since(start))
-		if _, a, _ := s.Capacity(resGPU); a != want[i%2] {
-			return fmt.Errorf("allocatable %d after the call, want %d", a, want[i%2])
+		if _, a, _ := s.Capacity(resGPU); a != want[i%len(want)] {
+			return fmt.Errorf("allocatable %d after the call, want %d", a, want[i%len(want)])
 		}
 		if st := stampOf(cp); !st.exists || st == before {
 			return errors.New("the checkpoint was not rewritten before the call returned")

@@ -22,9 +22,13 @@ func TestWorkloadsRunAgainstDevmgr(t *testing.T) {
 			map[string]float64{"message_bytes": positive, "register_ns": positive, "register_durable_ns": positive, "update_ns": positive, "update_durable_ns": positive}},
 		{"W2", (*run).w2,
 			map[string]float64{"total_ns": positive, "p50_ns": positive, "first100_mean_ns": positive, "last100_mean_ns": positive, "checkpoint_bytes": positive}},
-		{"W3", func(r *run) error { return r.w3(1000, 2, false) },
+		{"W3", func(r *run) error { return r.w3(1000, 2, false, false) },
 			map[string]float64{"visible_ns": positive, "durable_ns": positive, "flipped": 1000}},
-		{"W3direct", func(r *run) error { return r.w3(0, 2, true) },
+		{"W3direct", func(r *run) error { return r.w3(0, 2, true, false) },
+			map[string]float64{"call_ns": positive, "flipped": 1000}},
+		{"W3moving", func(r *run) error { return r.w3(0, 3, false, true) },
+			map[string]float64{"visible_ns": positive, "durable_ns": positive, "flipped": 1000}},
+		{"W3directmoving", func(r *run) error { return r.w3(0, 3, true, true) },
 			map[string]float64{"call_ns": positive, "flipped": 1000}},
 		{"W4", func(r *run) error {
 			if err := r.w4prep(); err != nil {
