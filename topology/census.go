@@ -1,6 +1,9 @@
 package topology
 
 import (
+	"iter"
+	"maps"
+
 	"k8s.io/apimachinery/pkg/util/sets"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
@@ -14,11 +17,10 @@ import (
 // ResourceHints over the same devices and available set.
 //
 // A Census is a value owned by its caller and is not safe for concurrent
-// use; it keeps the device map it was built from, which must not change.
+// use. It keeps what it needs of the devices, not the devices.
 type Census struct {
-	devices map[string]*pluginapi.Device
-	t       tally // all and avail counts; never reusable
-	aware   bool
+	t     tally // all and avail counts; never reusable
+	aware bool
 	// devs holds, per device ID, its signature slot and whether it is
 	// available.
 	devs      map[string]censusDevice
@@ -28,19 +30,28 @@ type Census struct {
 type censusDevice struct {
 	slot      int32 // index in t.slots; -1 without a signature
 	available bool
+	topology  bool // the device has a topology, possibly of no node
 }
 
 // NewCensus counts devices; available tells which are available (healthy and
 // not allocated).
 func NewCensus(devices map[string]*pluginapi.Device, available func(id string) bool) *Census {
-	c := &Census{devices: devices, aware: Aware(devices), devs: make(map[string]censusDevice, len(devices))}
+	return CountDevices(maps.All(devices), len(devices), available)
+}
+
+// CountDevices is NewCensus for devices given as pairs of an ID and its
+// device, each ID once; n is about how many (room is made for that many).
+func CountDevices(devices iter.Seq2[string, *pluginapi.Device], n int, available func(id string) bool) *Census {
+	c := &Census{devs: make(map[string]censusDevice, n)}
 	for id, d := range devices {
-		cd := censusDevice{slot: -1, available: available(id)}
-		if sig, _ := signature(d); sig != 0 {
+		sig, hasTopology := signature(d)
+		cd := censusDevice{slot: -1, available: available(id), topology: hasTopology}
+		if sig != 0 {
 			i := c.t.slotIndex(sig)
 			c.t.slots[i].all++
 			cd.slot = int32(i)
 		}
+		c.aware = c.aware || hasNode(d)
 		c.devs[id] = cd
 	}
 	for id, cd := range c.devs {
@@ -112,8 +123,7 @@ func (c *Census) Hints(machineNodes []int, reusable, held sets.Set[string], requ
 		if !known {
 			continue // no topology: ignored
 		}
-		_, hasTopology := signature(c.devices[id])
-		if !hasTopology {
+		if !cd.topology {
 			continue
 		}
 		t.reusable++

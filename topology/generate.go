@@ -56,13 +56,21 @@ func ResourceHints(r HintRequest) []Hint {
 // kubelet; nil Topology, an empty node list and nil list entries do not.
 func Aware(devices map[string]*pluginapi.Device) bool {
 	for _, d := range devices {
-		if d == nil || d.Topology == nil {
-			continue
+		if hasNode(d) {
+			return true
 		}
-		for _, n := range d.Topology.Nodes {
-			if n != nil {
-				return true
-			}
+	}
+	return false
+}
+
+// hasNode reports whether d's topology names a node.
+func hasNode(d *pluginapi.Device) bool {
+	if d == nil || d.Topology == nil {
+		return false
+	}
+	for _, n := range d.Topology.Nodes {
+		if n != nil {
+			return true
 		}
 	}
 	return false
