@@ -124,6 +124,7 @@ func isDRABacked(pod *v1.Pod, container, resource string) bool {
 type allocated struct {
 	rid      podstate.ReservationID
 	resource string
+	ids      []string
 	resp     *pluginapi.ContainerAllocateResponse
 }
 
@@ -182,9 +183,15 @@ func (m *ManagerImpl) allocateContainerResources(ctx context.Context, pod *v1.Po
 	m.mu.Lock()
 	resources := make([]string, 0, len(done))
 	for _, a := range done {
+		// The record's NUMA map reads the topology of its devices.
 		var devs podstate.DeviceInstances
 		if r := m.resources[a.resource]; r != nil {
-			devs = r.devices
+			devs = make(podstate.DeviceInstances, len(a.ids))
+			for _, id := range a.ids {
+				if d := r.device(id); d != nil {
+					devs[id] = d
+				}
+			}
 		}
 		m.inflightDoneLocked(a.rid)
 		if err := m.ledger.Commit(a.rid, devs, a.resp); err != nil {
@@ -293,7 +300,7 @@ func (m *ManagerImpl) allocateResource(ctx context.Context, log klog.Logger, pod
 	if n := len(resp.ContainerResponses); n > 1 {
 		log.V(2).Info("Device plugin answered Allocate for more containers than asked; using the first", keyCount, n)
 	}
-	return &allocated{rid: rid, resource: name, resp: resp.ContainerResponses[0]}, nil
+	return &allocated{rid: rid, resource: name, ids: ids, resp: resp.ContainerResponses[0]}, nil
 }
 
 // selectionInputLocked runs the admission checks for one resource and builds

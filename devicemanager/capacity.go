@@ -151,7 +151,7 @@ func (m *ManagerImpl) collectResourcesLocked(names []string) {
 		r.primary = nil
 		r.healthySorted = nil
 		r.census = nil
-		r.setLastList(nil)
+		r.inOrder = false
 	}
 }
 
@@ -253,7 +253,7 @@ func (m *ManagerImpl) UpdateAllocatedResourcesStatus(pod *v1.Pod, status *v1.Pod
 			for _, id := range sets.List(sets.KeySet(view[name])) {
 				health := v1.ResourceHealthStatusHealthy
 				if r != nil {
-					if d, ok := r.devices[id]; ok && d.Health != pluginapi.Healthy {
+					if d := r.device(id); d != nil && d.Health != pluginapi.Healthy {
 						health = v1.ResourceHealthStatusUnhealthy
 					}
 				}

@@ -68,7 +68,7 @@ func TestHintsCensusStaysExact(t *testing.T) {
 			h.m.mu.Lock()
 			r := h.m.resources[res1]
 			want := topology.ResourceHints(topology.HintRequest{
-				MachineNodes: h.opts.NUMANodes, Devices: r.devices, Available: available(h.m, r),
+				MachineNodes: h.opts.NUMANodes, Devices: r.deviceMap(), Available: available(h.m, r),
 				Reusable: sets.New[string](), Request: request,
 			})
 			h.m.mu.Unlock()
@@ -89,7 +89,7 @@ func checkAvailable(t *testing.T, m *ManagerImpl, resource string) {
 	want := available(m, r)
 	view := freeDevices{m.censusLocked(r)}
 	require.Equal(t, want.Len(), view.Len(), "free devices counted")
-	for id := range r.devices {
+	for id := range r.deviceMap() {
 		require.Equal(t, want.Has(id), view.Has(id), "device %s counted free", id)
 	}
 }
@@ -98,7 +98,7 @@ func checkAvailable(t *testing.T, m *ManagerImpl, resource string) {
 // reservation holds. Expects m.mu held.
 func available(m *ManagerImpl, r *resourceState) sets.Set[string] {
 	out := sets.New[string]()
-	for id, d := range r.devices {
+	for id, d := range r.deviceMap() {
 		if d.Health == pluginapi.Healthy && !r.down && !m.ledger.IsAllocated(r.name, id) {
 			out.Insert(id)
 		}
@@ -132,7 +132,7 @@ func TestCensusFollowsTopologyOnlyUpdates(t *testing.T) {
 	m.censusLocked(r)
 	r.setDevices([]*pluginapi.Device{dev("a", pluginapi.Healthy), dev("c", "Unknown", 0)})
 	want := topology.ResourceHints(topology.HintRequest{
-		MachineNodes: []int{0, 1}, Devices: r.devices, Available: available(m, r), Reusable: sets.New[string](), Request: 1,
+		MachineNodes: []int{0, 1}, Devices: r.deviceMap(), Available: available(m, r), Reusable: sets.New[string](), Request: 1,
 	})
 	require.Equal(t, want, m.censusLocked(r).Hints([]int{0, 1}, sets.New[string](), nil, 1))
 }

@@ -505,7 +505,7 @@ func (fx *fuzzFixture) check(t *testing.T, devs []*pluginapi.Device) {
 	m.mu.Lock()
 	r := m.resources[fuzzRes]
 	healthy, unhealthy, wrong := healthIDs(r)
-	known := sets.KeySet(r.devices)
+	known := sets.KeySet(r.deviceMap())
 	pending := m.ledger.Pending()
 	m.mu.Unlock()
 	if wrong != "" {

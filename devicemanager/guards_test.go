@@ -327,5 +327,5 @@ func TestNilNodeToNodeZeroUpdatesTopology(t *testing.T) {
 	withNil := &pluginapi.Device{ID: "d", Health: healthy, Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{nil}}}
 	r.setDevices([]*pluginapi.Device{withNil})
 	r.setDevices([]*pluginapi.Device{dev("d", healthy, 0)})
-	require.NotNil(t, r.devices["d"].Topology.Nodes[0])
+	require.NotNil(t, r.device("d").Topology.Nodes[0])
 }

@@ -3,6 +3,7 @@ package devicemanager
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"sync"
@@ -271,4 +272,9 @@ func (h *harness) admit(pod *v1.Pod) error {
 // held returns the devices of res the container holds, sorted.
 func (h *harness) held(pod *v1.Pod, container, res string) []string {
 	return sets.List(sets.KeySet(h.m.GetDevices(string(pod.UID), container)[res]))
+}
+
+// deviceMap returns r's devices by ID, in a map of their own.
+func (r *resourceState) deviceMap() map[string]*pluginapi.Device {
+	return maps.Collect(r.byID)
 }

@@ -1,9 +1,6 @@
 package devicemanager
 
 import (
-	"maps"
-	"slices"
-
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/openkubelet/devmgr/endpoint"
@@ -27,40 +24,40 @@ type resourceState struct {
 	registered bool
 	// listed: some instance reported a device list (possibly empty).
 	listed bool
-	// devices is the last list any instance reported. Health is read from
-	// the devices themselves, so that a flip changes one map entry instead
-	// of moving an ID between two sets: a device counts as healthy when its
-	// Health is exactly "Healthy", the resource is registered and its
-	// plugin is not gone (down); every other device counts as unhealthy.
-	// healthyN is the number of devices whose Health is "Healthy".
-	devices  map[string]*pluginapi.Device
+	// devices is the last list any instance reported, each device once
+	// (the last one listed under its ID), and index the position of each
+	// ID in it. healthy[i] says whether devices[i]'s Health is exactly
+	// "Healthy": a device counts as healthy when it is, the resource is
+	// registered and its plugin is not gone (down); every other device
+	// counts as unhealthy. healthyN is the number of healthy flags. A
+	// health flip changes a device and its flag at a known position; the
+	// index changes only with the set of IDs.
+	devices  []*pluginapi.Device
+	index    map[string]int32
+	healthy  []bool
 	healthyN int
 	// down: the plugin is gone; every device counts as unhealthy until the
 	// next list.
 	down bool
-	// sortedIDs caches the sorted IDs of devices, healthySorted the sorted
-	// healthy ones for the checkpoint; nil when stale.
+	// order is devices' positions in ID order and sortedIDs the IDs in that
+	// order, nil when stale; healthySorted caches the sorted healthy IDs
+	// for the checkpoint, nil when stale. An update in place keeps order
+	// and sortedIDs.
+	order         []int32
 	sortedIDs     []string
 	healthySorted []string
 	// census counts the devices per NUMA node set for topology hints; nil
 	// when stale (built on the next request, then kept up to date as
 	// devices are allocated and released).
 	census *topology.Census
-	// lastList is the last device list, in the plugin's order, holding the
-	// very *Device values of devices (so no duplicate ID, no nil), its
-	// devices counting as healthy exactly when their Health says so (the
-	// plugin is not gone); nil when that does not hold. A plugin resends
-	// its whole list on every change, nearly always in the same order: an
-	// update that lists the same IDs in that order is applied in place, in
-	// one pass with no map built (see updateInPlace).
-	lastList []*pluginapi.Device
-	// listHealthy[i] says whether lastList[i] is healthy, so that the
-	// healthy IDs are listed in order from two arrays, without visiting
-	// every device (see sortedHealthy). Set with lastList (setLastList).
-	listHealthy []bool
-	// order is lastList's indices in ID order; nil when stale, and always
-	// when lastList is nil. An update applied in place keeps it.
-	order []int32
+	// inOrder: devices is the last list exactly as the plugin sent it (no
+	// nil, no repeated ID), its devices counting as healthy exactly when
+	// their Health says so (the plugin is not gone, the resource not
+	// retired). A plugin resends its whole list on every change, nearly
+	// always in the same order: an update that lists the same IDs in that
+	// order is applied in place, in one pass with no map built or written
+	// (see updateInPlace).
+	inOrder bool
 }
 
 // instance is one connected plugin instance; seq orders registrations.
@@ -79,7 +76,7 @@ func newResource(name string) *resourceState {
 	return &resourceState{
 		name:      name,
 		instances: map[string]*instance{},
-		devices:   map[string]*pluginapi.Device{},
+		index:     map[string]int32{},
 	}
 }
 
@@ -107,8 +104,25 @@ func (r *resourceState) isHealthy(id string) bool {
 	if !r.registered || r.down {
 		return false
 	}
-	d := r.devices[id]
-	return d != nil && d.Health == pluginapi.Healthy
+	i, ok := r.index[id]
+	return ok && r.healthy[i]
+}
+
+// device returns the device listed under id; nil if none is.
+func (r *resourceState) device(id string) *pluginapi.Device {
+	if i, ok := r.index[id]; ok {
+		return r.devices[i]
+	}
+	return nil
+}
+
+// byID yields every device with its ID.
+func (r *resourceState) byID(yield func(string, *pluginapi.Device) bool) {
+	for _, d := range r.devices {
+		if !yield(d.ID, d) {
+			return
+		}
+	}
 }
 
 // healthyDevices yields the devices that count as healthy, in no order.
@@ -116,8 +130,8 @@ func (r *resourceState) healthyDevices(yield func(string, *pluginapi.Device) boo
 	if r.healthyLen() == 0 {
 		return
 	}
-	for id, d := range r.devices {
-		if d.Health == pluginapi.Healthy && !yield(id, d) {
+	for i, d := range r.devices {
+		if r.healthy[i] && !yield(d.ID, d) {
 			return
 		}
 	}
@@ -141,25 +155,19 @@ func (m *ManagerImpl) resourceLocked(name string) *resourceState {
 
 // sortedHealthy returns the healthy IDs in order; the slice is shared and must
 // not be modified. It filters the sorted list of all IDs, which is sorted
-// again only when the set of IDs changes (health flips cost no sort). When
-// lastList holds the devices, the filter reads each device's health through
-// order, with no set lookup.
+// again only when the list changes other than in place (health flips cost
+// no sort), reading the health flags through order: no set lookup, and no
+// visit to each device through its pointer.
 func (r *resourceState) sortedHealthy() []string {
 	if r.healthySorted != nil {
 		return r.healthySorted
 	}
 	out := make([]string, 0, r.healthyLen())
-	if r.lastList != nil {
-		r.sortLastList()
+	if r.healthyLen() > 0 {
+		r.sortDevices()
 		for k, i := range r.order {
-			if r.listHealthy[i] {
+			if r.healthy[i] {
 				out = append(out, r.sortedIDs[k])
-			}
-		}
-	} else {
-		for _, id := range r.sortedDeviceIDs() {
-			if r.isHealthy(id) {
-				out = append(out, id)
 			}
 		}
 	}
@@ -170,61 +178,37 @@ func (r *resourceState) sortedHealthy() []string {
 // sortedDeviceIDs returns the IDs of all devices in order; the slice is
 // shared and must not be modified.
 func (r *resourceState) sortedDeviceIDs() []string {
-	switch {
-	case r.lastList != nil:
-		r.sortLastList()
-	case r.sortedIDs == nil:
-		ids := make([]string, 0, len(r.devices))
-		for id := range r.devices {
-			ids = append(ids, id)
-		}
-		slices.Sort(ids)
-		r.sortedIDs = ids
-	}
+	r.sortDevices()
 	return r.sortedIDs
 }
 
-// sortLastList makes order and sortedIDs describe lastList, unless they
-// already do. Expects lastList not nil.
-func (r *resourceState) sortLastList() {
+// sortDevices makes order and sortedIDs describe devices, unless they
+// already do.
+func (r *resourceState) sortDevices() {
 	if r.order == nil || r.sortedIDs == nil {
-		r.order, r.sortedIDs = sortByID(idsAt(r.lastList))
+		r.order, r.sortedIDs = sortByID(idsAt(r.devices))
 	}
 }
 
-// unsortedList returns lastList and a copy of its IDs when they need sorting
-// (a list whose IDs changed), for sortByID outside the lock; nil otherwise.
+// unsortedList returns devices and a copy of their IDs when they need
+// sorting (a list whose IDs changed), for sortByID outside the lock; nil
+// otherwise.
 func (r *resourceState) unsortedList() ([]*pluginapi.Device, []idAt) {
-	if len(r.lastList) == 0 || (r.order != nil && r.sortedIDs != nil) {
+	if len(r.devices) == 0 || (r.order != nil && r.sortedIDs != nil) {
 		return nil, nil
 	}
-	return r.lastList, idsAt(r.lastList)
+	return r.devices, idsAt(r.devices)
 }
 
 // adoptOrder installs an order sorted outside the lock for list, if list is
-// still lastList (updates in place keep it, with its IDs and their order)
+// still devices (updates in place keep it, with its IDs and their order)
 // and nobody sorted it meanwhile.
 func (r *resourceState) adoptOrder(list []*pluginapi.Device, order []int32, ids []string) {
-	if len(list) == 0 || len(r.lastList) != len(list) || &r.lastList[0] != &list[0] {
+	if len(list) == 0 || len(r.devices) != len(list) || &r.devices[0] != &list[0] {
 		return
 	}
 	if r.order == nil || r.sortedIDs == nil {
 		r.order, r.sortedIDs = order, ids
-	}
-}
-
-// setLastList makes lastList a copy of list (nil: none), with its health
-// flags, and drops the order of the previous one.
-func (r *resourceState) setLastList(list []*pluginapi.Device) {
-	r.order = nil
-	if list == nil {
-		r.lastList, r.listHealthy = nil, nil
-		return
-	}
-	r.lastList = slices.Clone(list)
-	r.listHealthy = make([]bool, len(list))
-	for i, d := range list {
-		r.listHealthy[i] = d.Health == pluginapi.Healthy
 	}
 }
 
@@ -254,34 +238,37 @@ func (r *resourceState) applyList(devs []*pluginapi.Device, borrowed bool) (chan
 		}
 		devs = owned
 	}
-	old := r.devices
-	devices := make(map[string]*pluginapi.Device, len(devs))
+	// The new list, each device once: the last one listed under an ID, at
+	// the place of the first.
+	index := make(map[string]int32, len(devs))
+	list := make([]*pluginapi.Device, 0, len(devs))
 	for _, d := range devs {
-		if d != nil {
-			devices[d.ID] = d
+		if d == nil {
+			continue
 		}
+		if at, ok := index[d.ID]; ok {
+			list[at] = d
+			continue
+		}
+		index[d.ID] = int32(len(list))
+		list = append(list, d)
 	}
-	// The list itself is walked when it holds each device once (nearly
-	// always), the map otherwise: walking a slice costs less.
-	list := devs
-	if len(devices) != len(devs) {
-		list = slices.Collect(maps.Values(devices))
-	}
-	if len(old) == 0 && len(list) > 0 {
+	if len(r.devices) == 0 && len(list) > 0 {
 		changed = make([]string, 0, len(list)) // every device is new
 	}
+	healthy := make([]bool, len(list))
 	healthyN := 0
-	sameIDs := len(devices) == len(old)
-	for _, d := range list {
-		id := d.ID
-		prev, ok := old[id]
-		if !ok {
+	sameIDs := len(list) == len(r.devices)
+	for i, d := range list {
+		prev := r.device(d.ID)
+		if prev == nil {
 			sameIDs = false
 		}
-		if !ok || prev.Health != d.Health {
-			changed = append(changed, id)
+		if prev == nil || prev.Health != d.Health {
+			changed = append(changed, d.ID)
 		}
 		if d.Health == pluginapi.Healthy {
+			healthy[i] = true
 			healthyN++
 		}
 	}
@@ -293,17 +280,12 @@ func (r *resourceState) applyList(devs []*pluginapi.Device, borrowed bool) (chan
 		if healthyChanged {
 			break
 		}
-		healthyChanged = (devices[id].Health == pluginapi.Healthy) != r.isHealthy(id)
+		healthyChanged = healthy[index[id]] != r.isHealthy(id)
 	}
-	r.devices, r.healthyN, r.down = devices, healthyN, false
-	r.setLastList(nil)
-	if len(devices) == len(devs) {
-		r.setLastList(devs)
-	}
+	r.devices, r.index, r.healthy, r.healthyN, r.down = list, index, healthy, healthyN, false
+	r.inOrder = len(list) == len(devs)
+	r.order, r.sortedIDs = nil, nil
 	r.census = nil
-	if !sameIDs {
-		r.sortedIDs = nil
-	}
 	if healthyChanged || !sameIDs {
 		r.healthySorted = nil
 	}
@@ -312,18 +294,18 @@ func (r *resourceState) applyList(devs []*pluginapi.Device, borrowed bool) (chan
 	return changed, healthyChanged
 }
 
-// updateInPlace applies devs when it lists the same IDs as lastList, in the
-// same order: only the devices whose health or topology differ are
+// updateInPlace applies devs when it lists the same IDs as devices, in the
+// same order (inOrder): only the devices whose health or topology differ are
 // replaced, and only those whose health differs change the healthy count
 // and are returned in changed. ok is false, and nothing is touched, when
 // the list differs in any other way.
 func (r *resourceState) updateInPlace(devs []*pluginapi.Device, borrowed bool) (changed []string, healthyChanged bool, ok bool) {
-	if r.lastList == nil || !r.listed || len(devs) != len(r.lastList) {
+	if !r.inOrder || !r.listed || len(devs) != len(r.devices) {
 		return nil, false, false
 	}
 	var diff []int
 	for i, d := range devs {
-		prev := r.lastList[i]
+		prev := r.devices[i]
 		if d == nil || d.ID != prev.ID {
 			return nil, false, false
 		}
@@ -334,7 +316,7 @@ func (r *resourceState) updateInPlace(devs []*pluginapi.Device, borrowed bool) (
 	healthyChanged = !r.registered
 	topologyChanged := false
 	for _, i := range diff {
-		d, prev := devs[i], r.lastList[i]
+		d, prev := devs[i], r.devices[i]
 		sameNodes := sameTopology(d.Topology, prev.Topology)
 		switch {
 		case borrowed && sameNodes && sameShape(d.Topology, prev.Topology):
@@ -344,9 +326,8 @@ func (r *resourceState) updateInPlace(devs []*pluginapi.Device, borrowed bool) (
 		case borrowed:
 			d = cloneDevice(d)
 		}
-		r.lastList[i] = d
-		r.listHealthy[i] = d.Health == pluginapi.Healthy
-		r.devices[d.ID] = d
+		r.devices[i] = d
+		r.healthy[i] = d.Health == pluginapi.Healthy
 		// The census counts every device by its nodes, unhealthy ones too.
 		if !sameNodes {
 			topologyChanged = true
@@ -418,7 +399,7 @@ func sameShape(a, b *pluginapi.TopologyInfo) bool {
 // markUnhealthy moves every healthy device to unhealthy: the plugin is gone,
 // its devices still count in capacity but not in allocatable.
 func (r *resourceState) markUnhealthy() {
-	r.setLastList(nil)
+	r.inOrder = false
 	had := r.healthyLen()
 	r.down = true
 	if had == 0 {
@@ -440,7 +421,7 @@ func (m *ManagerImpl) allocatedChanged(resource, id string, allocated bool) {
 // censusLocked returns r's census, building it if stale. Expects m.mu held.
 func (m *ManagerImpl) censusLocked(r *resourceState) *topology.Census {
 	if r.census == nil {
-		r.census = topology.NewCensus(r.devices, func(id string) bool {
+		r.census = topology.CountDevices(r.byID, len(r.devices), func(id string) bool {
 			return r.isHealthy(id) && !m.ledger.IsAllocated(r.name, id)
 		})
 	}

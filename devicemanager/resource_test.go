@@ -29,7 +29,7 @@ type deviceState struct {
 func healthIDs(r *resourceState) (healthy, unhealthy sets.Set[string], wrong string) {
 	healthy, unhealthy = sets.New[string](), sets.New[string]()
 	n := 0
-	for id, d := range r.devices {
+	for id, d := range r.deviceMap() {
 		if d.Health == pluginapi.Healthy {
 			n++
 		}
@@ -52,13 +52,13 @@ func stateOf(t *testing.T, r *resourceState) deviceState {
 	require.Empty(t, wrong)
 	st := deviceState{Devices: map[string]string{}, Healthy: sets.List(healthy), Unhealthy: sets.List(unhealthy),
 		SortedHealthy: r.sortedHealthy(), SortedIDs: r.sortedDeviceIDs(), Registered: r.registered, Listed: r.listed}
-	for id, d := range r.devices {
+	for id, d := range r.deviceMap() {
 		require.Equal(t, id, d.ID, "a device under another ID")
 		st.Devices[id] = fmt.Sprint(d.Health, d.Topology.GetNodes())
 	}
 	// The cached sorted lists against the sets they come from.
 	require.Equal(t, st.Healthy, st.SortedHealthy, "sorted healthy IDs")
-	require.Equal(t, sets.List(sets.KeySet(r.devices)), st.SortedIDs, "sorted IDs")
+	require.Equal(t, sets.List(sets.KeySet(r.deviceMap())), st.SortedIDs, "sorted IDs")
 	return st
 }
 
@@ -149,12 +149,12 @@ func TestUpdateInPlaceMatchesRebuild(t *testing.T) {
 				lent.markUnhealthy()
 			}
 			list = next
-			if fast.lastList != nil && slices.EqualFunc(sent, fast.lastList, func(a, b *pluginapi.Device) bool {
+			if fast.inOrder && slices.EqualFunc(sent, fast.devices, func(a, b *pluginapi.Device) bool {
 				return a != nil && a.ID == b.ID
 			}) {
 				inPlace++
 			}
-			slow.setLastList(nil)
+			slow.inOrder = false
 			gotChanged, gotHealthy := fast.setDevices(sent)
 			wantChanged, wantHealthy := slow.setDevices(sent)
 			slices.Sort(gotChanged)
@@ -167,7 +167,7 @@ func TestUpdateInPlaceMatchesRebuild(t *testing.T) {
 			require.Equal(t, wantChanged, lentChanged, "seq %d step %d: changed (lent)", seq, step)
 			require.Equal(t, wantHealthy, lentHealthy, "seq %d step %d: healthy set changed (lent)", seq, step)
 			require.Equal(t, stateOf(t, slow), stateOf(t, lent), "seq %d step %d (lent)", seq, step)
-			for id, d := range lent.devices {
+			for id, d := range lent.deviceMap() {
 				require.False(t, slices.Contains(sent, d), "seq %d step %d: %s is the caller's object", seq, step, id)
 			}
 		}
@@ -206,8 +206,8 @@ func TestUpdateInPlaceKeepsUnchanged(t *testing.T) {
 	changed, healthyChanged = r.setDevices(second)
 	assert.Empty(t, changed)
 	assert.False(t, healthyChanged)
-	assert.Same(t, first[0], r.devices["a"], "an unchanged device keeps its value")
-	assert.Same(t, second[2], r.devices["c"], "a device whose topology changed is replaced")
+	assert.Same(t, first[0], r.device("a"), "an unchanged device keeps its value")
+	assert.Same(t, second[2], r.device("c"), "a device whose topology changed is replaced")
 	assert.Equal(t, fmt.Sprint(&sorted[0]), fmt.Sprint(&r.sortedHealthy()[0]), "the healthy IDs were sorted again")
 
 	third := []*pluginapi.Device{

@@ -79,7 +79,7 @@ func TestSortByIDMatchesComparisonSort(t *testing.T) {
 			})
 		}
 	}
-	// Duplicates (which a list with lastList never has) still come out in
+	// Duplicates (which a list applied in place never has) still come out in
 	// order, each with an index of its ID.
 	ids := append(randomIDs(r, 500, idShapes["numbered"]), randomIDs(r, 500, idShapes["numbered"])...)
 	order, got := sortByID(idsAt(devicesWithIDs(ids)))

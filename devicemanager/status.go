@@ -67,7 +67,7 @@ func (m *ManagerImpl) Status() []ResourceStatus {
 			rs.Devices = make([]DeviceStatus, 0, len(ids))
 		}
 		for _, id := range ids {
-			d := r.devices[id]
+			d := r.device(id)
 			health := d.GetHealth()
 			if health == pluginapi.Healthy && !r.isHealthy(id) {
 				health = pluginapi.Unhealthy // the plugin is gone
