@@ -249,8 +249,9 @@ func fill(f tempFile, blob []byte, off int, spare bool) error {
 // bytes reached the disk. Whatever f holds, it holds exactly blob after the
 // write.
 func (s *fileStore) samePrefix(f tempFile, blob []byte) int {
-	if s.readBuf == nil {
-		s.readBuf = make([]byte, 64<<10)
+	// Chunks of 64 KiB, or of about the size of a smaller checkpoint.
+	if n := min(len(blob), 64<<10); len(s.readBuf) < n {
+		s.readBuf = make([]byte, min(max(n, 2*len(s.readBuf)), 64<<10))
 	}
 	off := 0
 	for off < len(blob) {
