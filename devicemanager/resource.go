@@ -238,21 +238,7 @@ func (r *resourceState) applyList(devs []*pluginapi.Device, borrowed bool) (chan
 		}
 		devs = owned
 	}
-	// The new list, each device once: the last one listed under an ID, at
-	// the place of the first.
-	index := make(map[string]int32, len(devs))
-	list := make([]*pluginapi.Device, 0, len(devs))
-	for _, d := range devs {
-		if d == nil {
-			continue
-		}
-		if at, ok := index[d.ID]; ok {
-			list[at] = d
-			continue
-		}
-		index[d.ID] = int32(len(list))
-		list = append(list, d)
-	}
+	index, list := indexList(devs)
 	if len(r.devices) == 0 && len(list) > 0 {
 		changed = make([]string, 0, len(list)) // every device is new
 	}
@@ -292,6 +278,44 @@ func (r *resourceState) applyList(devs []*pluginapi.Device, borrowed bool) (chan
 	r.registered = true
 	r.listed = true
 	return changed, healthyChanged
+}
+
+// indexList returns devs without nils, each ID once (the last device listed
+// under it, at the place of the first), and the position of each ID. A list
+// nearly always names each device once: that costs one map write per
+// device, and a repeated ID starts again the careful way.
+func indexList(devs []*pluginapi.Device) (map[string]int32, []*pluginapi.Device) {
+	index := make(map[string]int32, len(devs))
+	list := make([]*pluginapi.Device, 0, len(devs))
+	for _, d := range devs {
+		if d == nil {
+			continue
+		}
+		n := len(index)
+		if index[d.ID] = int32(len(list)); len(index) == n {
+			return indexRepeated(devs)
+		}
+		list = append(list, d)
+	}
+	return index, list
+}
+
+// indexRepeated is indexList for a list that names some ID twice.
+func indexRepeated(devs []*pluginapi.Device) (map[string]int32, []*pluginapi.Device) {
+	index := make(map[string]int32, len(devs))
+	list := make([]*pluginapi.Device, 0, len(devs))
+	for _, d := range devs {
+		if d == nil {
+			continue
+		}
+		if at, ok := index[d.ID]; ok {
+			list[at] = d
+			continue
+		}
+		index[d.ID] = int32(len(list))
+		list = append(list, d)
+	}
+	return index, list
 }
 
 // updateInPlace applies devs when it lists the same IDs as devices, in the
