@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -302,14 +303,36 @@ func TestDialFailures(t *testing.T) {
 	l2.(*net.UnixListener).SetUnlinkOnClose(false)
 	require.NoError(t, l2.Close())
 
+	// A socket that accepts connections and never says a word.
+	silent := filepath.Join(dir, "silent.sock")
+	l3, err := net.Listen("unix", silent)
+	require.NoError(t, err)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var held []net.Conn
+		for {
+			c, err := l3.Accept()
+			if err != nil {
+				for _, c := range held {
+					_ = c.Close()
+				}
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	defer func() { _ = l3.Close() }()
+
 	tests := []struct {
 		name, path, want string
 	}{
 		{"missing", filepath.Join(dir, "missing.sock"), "does not exist"},
 		{"regular file", regular, "is not a unix socket"},
 		{"directory", dir, "is not a unix socket"},
-		{"not a device plugin", other, "Unimplemented"},
+		{"not a device plugin", other, "failed to get device plugin options: " + other + ": rpc error: code = Unimplemented"},
 		{"nobody listening", stale, "failed to dial device plugin"},
+		{"no gRPC server", silent, "failed to dial device plugin"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -319,6 +342,29 @@ func TestDialFailures(t *testing.T) {
 			assert.Contains(t, err.Error(), tc.want)
 			assert.Less(t, time.Since(start), 5*time.Second)
 		})
+	}
+}
+
+// A failed call reached a server when the connection is up, or when the
+// error is one only a server sends; Unavailable, DeadlineExceeded and
+// Canceled without a connection are failures to dial.
+func TestReachedServer(t *testing.T) {
+	for _, tc := range []struct {
+		state connectivity.State
+		err   error
+		want  bool
+	}{
+		{connectivity.Ready, status.Error(codes.Unavailable, "x"), true},
+		{connectivity.Ready, status.Error(codes.Unknown, "x"), true},
+		{connectivity.Connecting, status.Error(codes.Unknown, "options broken"), true},
+		{connectivity.Idle, status.Error(codes.Unimplemented, "x"), true},
+		{connectivity.TransientFailure, status.Error(codes.Internal, "x"), true},
+		{connectivity.TransientFailure, status.Error(codes.Unavailable, "connection refused"), false},
+		{connectivity.Connecting, status.Error(codes.DeadlineExceeded, "x"), false},
+		{connectivity.Idle, status.Error(codes.Canceled, "x"), false},
+		{connectivity.Shutdown, context.DeadlineExceeded, false},
+	} {
+		assert.Equal(t, tc.want, reachedServer(tc.state, tc.err), "%v, %v", tc.state, tc.err)
 	}
 }
 
