@@ -281,41 +281,30 @@ func (r *resourceState) applyList(devs []*pluginapi.Device, borrowed bool) (chan
 }
 
 // indexList returns devs without nils, each ID once (the last device listed
-// under it, at the place of the first), and the position of each ID. A list
-// nearly always names each device once: that costs one map write per
-// device, and a repeated ID starts again the careful way.
+// under it), and the position of each ID. A list nearly always names each
+// device once, and costs one map write per device; one that repeats an ID
+// is then cut down to each ID's last device (its order matters only to an
+// update in place, which such a list never gets).
 func indexList(devs []*pluginapi.Device) (map[string]int32, []*pluginapi.Device) {
 	index := make(map[string]int32, len(devs))
 	list := make([]*pluginapi.Device, 0, len(devs))
 	for _, d := range devs {
-		if d == nil {
-			continue
+		if d != nil {
+			index[d.ID] = int32(len(list))
+			list = append(list, d)
 		}
-		n := len(index)
-		if index[d.ID] = int32(len(list)); len(index) == n {
-			return indexRepeated(devs)
-		}
-		list = append(list, d)
 	}
-	return index, list
-}
-
-// indexRepeated is indexList for a list that names some ID twice.
-func indexRepeated(devs []*pluginapi.Device) (map[string]int32, []*pluginapi.Device) {
-	index := make(map[string]int32, len(devs))
-	list := make([]*pluginapi.Device, 0, len(devs))
-	for _, d := range devs {
-		if d == nil {
-			continue
-		}
-		if at, ok := index[d.ID]; ok {
-			list[at] = d
-			continue
-		}
-		index[d.ID] = int32(len(list))
-		list = append(list, d)
+	if len(index) == len(list) {
+		return index, list
 	}
-	return index, list
+	kept := make([]*pluginapi.Device, 0, len(index))
+	for i, d := range list {
+		if index[d.ID] == int32(i) { // the last listing of its ID
+			index[d.ID] = int32(len(kept))
+			kept = append(kept, d)
+		}
+	}
+	return index, kept
 }
 
 // updateInPlace applies devs when it lists the same IDs as devices, in the
