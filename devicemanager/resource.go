@@ -1,6 +1,8 @@
 package devicemanager
 
 import (
+	"unsafe"
+
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/openkubelet/devmgr/endpoint"
@@ -46,6 +48,17 @@ type resourceState struct {
 	order         []int32
 	sortedIDs     []string
 	healthySorted []string
+	// seen remembers the healthy flags of the last two healthy sets sorted
+	// for this list, newest first, with their sorted IDs: a device that
+	// flaps back to an earlier health finds its set here for the price of
+	// comparing flags, and the checkpoint's encoder gets the very slice it
+	// saw before. Cleared with the list's positions.
+	seen [2]healthyMemo
+	// alt[i] is the device devices[i] replaced on its last health flip
+	// from a borrowed list, with the stored topology: the flip back takes
+	// it again instead of a copy. Allocated on the first such flip and
+	// dropped with the list's positions.
+	alt []*pluginapi.Device
 	// census counts the devices per NUMA node set for topology hints; nil
 	// when stale (built on the next request, then kept up to date as
 	// devices are allocated and released).
@@ -162,17 +175,68 @@ func (r *resourceState) sortedHealthy() []string {
 	if r.healthySorted != nil {
 		return r.healthySorted
 	}
+	if r.healthyLen() == 0 {
+		r.healthySorted = []string{}
+		return r.healthySorted
+	}
+	if ids := r.recallHealthy(); ids != nil {
+		r.healthySorted = ids
+		return ids
+	}
 	out := make([]string, 0, r.healthyLen())
-	if r.healthyLen() > 0 {
-		r.sortDevices()
-		for k, i := range r.order {
-			if r.healthy[i] {
-				out = append(out, r.sortedIDs[k])
-			}
+	r.sortDevices()
+	for k, i := range r.order {
+		if r.healthy[i] {
+			out = append(out, r.sortedIDs[k])
 		}
 	}
+	r.rememberHealthy(out)
 	r.healthySorted = out
 	return out
+}
+
+// healthyMemo is a healthy set of a resource's list: a copy of its flags
+// and its IDs in order.
+type healthyMemo struct {
+	flags []bool
+	ids   []string
+}
+
+// recallHealthy returns the sorted IDs remembered for the current flags,
+// moving them first in seen; nil if seen does not have them.
+func (r *resourceState) recallHealthy() []string {
+	for i, m := range r.seen {
+		if m.ids != nil && sameFlags(m.flags, r.healthy) {
+			r.seen[0], r.seen[i] = m, r.seen[0]
+			return m.ids
+		}
+	}
+	return nil
+}
+
+// rememberHealthy records ids as the sorted IDs of the current flags; the
+// memo it evicts lends its flags' memory.
+func (r *resourceState) rememberHealthy(ids []string) {
+	flags := append(r.seen[1].flags[:0], r.healthy...)
+	r.seen[0], r.seen[1] = healthyMemo{flags: flags, ids: ids}, r.seen[0]
+}
+
+// forgetPositions drops what holds for the list's positions only: the
+// order, the remembered healthy sets and the replaced devices.
+func (r *resourceState) forgetPositions() {
+	r.order, r.sortedIDs = nil, nil
+	r.seen = [2]healthyMemo{}
+	r.alt = nil
+}
+
+// sameFlags reports whether a and b hold the same flags, comparing their
+// bytes at once (a bool is one byte, 0 or 1).
+func sameFlags(a, b []bool) bool {
+	return len(a) == len(b) && string(boolBytes(a)) == string(boolBytes(b))
+}
+
+func boolBytes(b []bool) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(b))), len(b))
 }
 
 // sortedDeviceIDs returns the IDs of all devices in order; the slice is
@@ -270,7 +334,7 @@ func (r *resourceState) applyList(devs []*pluginapi.Device, borrowed bool) (chan
 	}
 	r.devices, r.index, r.healthy, r.healthyN, r.down = list, index, healthy, healthyN, false
 	r.inOrder = len(list) == len(devs)
-	r.order, r.sortedIDs = nil, nil
+	r.forgetPositions()
 	r.census = nil
 	if healthyChanged || !sameIDs {
 		r.healthySorted = nil
@@ -333,9 +397,10 @@ func (r *resourceState) updateInPlace(devs []*pluginapi.Device, borrowed bool) (
 		sameNodes := sameTopology(d.Topology, prev.Topology)
 		switch {
 		case borrowed && sameNodes && sameShape(d.Topology, prev.Topology):
-			// A health flip: the copy shares the stored topology, which
+			// A health flip: the device it replaced last time if that has
+			// this health, else a copy sharing the stored topology, which
 			// the manager never changes.
-			d = &pluginapi.Device{ID: d.ID, Health: d.Health, Topology: prev.Topology}
+			d = r.flipped(i, prev, d.Health)
 		case borrowed:
 			d = cloneDevice(d)
 		}
@@ -366,6 +431,21 @@ func (r *resourceState) updateInPlace(devs []*pluginapi.Device, borrowed bool) (
 	}
 	r.registered = true
 	return changed, healthyChanged, true
+}
+
+// flipped returns the device to store at i in place of prev, whose health
+// alone changes, to health: the device prev replaced, if it has that health
+// and prev's topology, else a new one. prev is kept for the flip back.
+func (r *resourceState) flipped(i int, prev *pluginapi.Device, health string) *pluginapi.Device {
+	if r.alt == nil {
+		r.alt = make([]*pluginapi.Device, len(r.devices))
+	}
+	d := r.alt[i]
+	if d == nil || d.Health != health || d.Topology != prev.Topology || d.ID != prev.ID {
+		d = &pluginapi.Device{ID: prev.ID, Health: health, Topology: prev.Topology}
+	}
+	r.alt[i] = prev
+	return d
 }
 
 // cloneDevice copies the fields of d the manager reads (nil stays nil).

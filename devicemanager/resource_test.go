@@ -435,3 +435,43 @@ func devIDs(devs []*pluginapi.Device) []string {
 	}
 	return s
 }
+
+// A device flapping in a lent list takes back, on its flip back, the value
+// it had before: no copy per flip, and the healthy IDs are the very slice
+// sorted for that health before. A device whose topology changed in the
+// meantime is not given its old value back.
+func TestLentFlapReusesEarlierValues(t *testing.T) {
+	r := newResource("r")
+	list := func(bHealth string, bNode int64) []*pluginapi.Device {
+		return []*pluginapi.Device{dev("a", pluginapi.Healthy, 0), dev("b", bHealth, bNode), dev("c", pluginapi.Healthy, 1)}
+	}
+	r.setBorrowedDevices(list(pluginapi.Healthy, 0))
+	healthyB, sortedAll := r.device("b"), r.sortedHealthy()
+
+	r.setBorrowedDevices(list(pluginapi.Unhealthy, 0))
+	unhealthyB, sortedTwo := r.device("b"), r.sortedHealthy()
+	assert.Equal(t, []string{"a", "c"}, sortedTwo)
+	assert.NotSame(t, healthyB, unhealthyB)
+
+	r.setBorrowedDevices(list(pluginapi.Healthy, 0))
+	assert.Same(t, healthyB, r.device("b"), "the flip back takes the earlier value")
+	assert.Same(t, &sortedAll[0], &r.sortedHealthy()[0], "the healthy IDs sorted before")
+	r.setBorrowedDevices(list(pluginapi.Unhealthy, 0))
+	assert.Same(t, unhealthyB, r.device("b"))
+	assert.Same(t, &sortedTwo[0], &r.sortedHealthy()[0])
+
+	// b moves to node 1 while unhealthy, then comes back healthy there.
+	r.setBorrowedDevices(list(pluginapi.Unhealthy, 1))
+	r.setBorrowedDevices(list(pluginapi.Healthy, 1))
+	b := r.device("b")
+	assert.Equal(t, pluginapi.Healthy, b.Health)
+	assert.Equal(t, []int64{1}, nodeIDs(b), "the value of before the move is not taken back")
+	assert.Equal(t, []string{"a", "b", "c"}, r.sortedHealthy())
+
+	// A new list (other IDs at the same places) forgets both.
+	r.setBorrowedDevices([]*pluginapi.Device{dev("x", pluginapi.Healthy, 0), dev("y", pluginapi.Unhealthy, 0), dev("z", pluginapi.Healthy, 1)})
+	assert.Equal(t, []string{"x", "z"}, r.sortedHealthy(), "the same flags on other IDs")
+	r.setBorrowedDevices([]*pluginapi.Device{dev("x", pluginapi.Healthy, 0), dev("y", pluginapi.Healthy, 0), dev("z", pluginapi.Healthy, 1)})
+	assert.Equal(t, "y", r.device("y").ID)
+	assert.Equal(t, []string{"x", "y", "z"}, r.sortedHealthy())
+}
