@@ -764,6 +764,27 @@ func TestSpareIsWrittenFromTheFirstDifference(t *testing.T) {
 	}
 }
 
+// The store takes nothing it knows of a spare from the caller's buffer: a
+// caller reusing its buffer for the next document (as the Encoder does)
+// changes nothing the store knows. Each write leaves the checkpoint
+// holding exactly its document.
+func TestStoreKeepsNoCallerBuffer(t *testing.T) {
+	s, dir := newTestStore(t)
+	buf := []byte(strings.Repeat("a", 20000))
+	want := func(i int) []byte {
+		b := []byte(strings.Repeat("a", 20000))
+		b[(i*7919)%len(b)] = byte('b' + i%20)
+		return b
+	}
+	for i := range 12 {
+		copy(buf, want(i)) // the same memory, new content
+		require.NoError(t, s.CreateCheckpoint(DeviceManagerKey, rawDoc(buf)))
+		got, err := os.ReadFile(filepath.Join(dir, DeviceManagerKey))
+		require.NoError(t, err)
+		require.True(t, bytes.Equal(want(i), got), "write %d: the checkpoint holds its document", i)
+	}
+}
+
 // A spare the store wrote and synced itself that holds exactly the new
 // content (the checkpoint of two writes before, come back) is neither
 // written nor synced: it only changes places with the checkpoint, and the
