@@ -144,10 +144,10 @@ type Encoder struct {
 	// is the same as last time (when tailValid); tailSame counts the
 	// documents in a row that had it. Past tailTransferAfter, a transfer of
 	// it is built a slice at a time (tailDone bytes so far, in tailPart),
-	// and tailTransfer hashes it once complete. Until then the text is written out again for each
-	// document, into tailBuf (40 bytes per device, megabytes for the plugins
-	// that advertise 100,000 IDs), which is dropped once the transfer is
-	// complete.
+	// and tailTransfer hashes it once complete. Until then the text is
+	// written out again for each document, into tailBuf (40 bytes per
+	// device, megabytes for the plugins that advertise 100,000 IDs), which
+	// is dropped once the transfer is complete.
 	prevReg      map[string][]string
 	prevTailNil  bool
 	tailValid    bool

@@ -1,7 +1,7 @@
 package devicemanager
 
 import (
-	"unsafe"
+	"slices"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -206,7 +206,7 @@ type healthyMemo struct {
 // moving them first in seen; nil if seen does not have them.
 func (r *resourceState) recallHealthy() []string {
 	for i, m := range r.seen {
-		if m.ids != nil && sameFlags(m.flags, r.healthy) {
+		if m.ids != nil && slices.Equal(m.flags, r.healthy) {
 			r.seen[0], r.seen[i] = m, r.seen[0]
 			return m.ids
 		}
@@ -227,16 +227,6 @@ func (r *resourceState) forgetPositions() {
 	r.order, r.sortedIDs = nil, nil
 	r.seen = [2]healthyMemo{}
 	r.alt = nil
-}
-
-// sameFlags reports whether a and b hold the same flags, comparing their
-// bytes at once (a bool is one byte, 0 or 1).
-func sameFlags(a, b []bool) bool {
-	return len(a) == len(b) && string(boolBytes(a)) == string(boolBytes(b))
-}
-
-func boolBytes(b []bool) []byte {
-	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(b))), len(b))
 }
 
 // sortedDeviceIDs returns the IDs of all devices in order; the slice is
