@@ -35,7 +35,7 @@ type resourceState struct {
 	// health flip changes a device and its flag at a known position; the
 	// index changes only with the set of IDs.
 	devices  []*pluginapi.Device
-	index    map[string]int32
+	index    idIndex
 	healthy  []bool
 	healthyN int
 	// down: the plugin is gone; every device counts as unhealthy until the
@@ -89,7 +89,6 @@ func newResource(name string) *resourceState {
 	return &resourceState{
 		name:      name,
 		instances: map[string]*instance{},
-		index:     map[string]int32{},
 	}
 }
 
@@ -117,13 +116,13 @@ func (r *resourceState) isHealthy(id string) bool {
 	if !r.registered || r.down {
 		return false
 	}
-	i, ok := r.index[id]
+	i, ok := r.index.find(r.devices, id)
 	return ok && r.healthy[i]
 }
 
 // device returns the device listed under id; nil if none is.
 func (r *resourceState) device(id string) *pluginapi.Device {
-	if i, ok := r.index[id]; ok {
+	if i, ok := r.index.find(r.devices, id); ok {
 		return r.devices[i]
 	}
 	return nil
@@ -183,11 +182,16 @@ func (r *resourceState) sortedHealthy() []string {
 		r.healthySorted = ids
 		return ids
 	}
-	out := make([]string, 0, r.healthyLen())
 	r.sortDevices()
-	for k, i := range r.order {
-		if r.healthy[i] {
-			out = append(out, r.sortedIDs[k])
+	// Every device healthy (a first list, usually): the sorted IDs are the
+	// set, and sharing them saves a copy of every ID.
+	out := r.sortedIDs
+	if r.healthyLen() < len(r.devices) {
+		out = make([]string, 0, r.healthyLen())
+		for k, i := range r.order {
+			if r.healthy[i] {
+				out = append(out, r.sortedIDs[k])
+			}
 		}
 	}
 	r.rememberHealthy(out)
@@ -240,18 +244,18 @@ func (r *resourceState) sortedDeviceIDs() []string {
 // already do.
 func (r *resourceState) sortDevices() {
 	if r.order == nil || r.sortedIDs == nil {
-		r.order, r.sortedIDs = sortByID(idsAt(r.devices))
+		r.order, r.sortedIDs = sortByID(deviceIDs(r.devices))
 	}
 }
 
 // unsortedList returns devices and a copy of their IDs when they need
 // sorting (a list whose IDs changed), for sortByID outside the lock; nil
 // otherwise.
-func (r *resourceState) unsortedList() ([]*pluginapi.Device, []idAt) {
+func (r *resourceState) unsortedList() ([]*pluginapi.Device, []string) {
 	if len(r.devices) == 0 || (r.order != nil && r.sortedIDs != nil) {
 		return nil, nil
 	}
-	return r.devices, idsAt(r.devices)
+	return r.devices, deviceIDs(r.devices)
 }
 
 // adoptOrder installs an order sorted outside the lock for list, if list is
@@ -320,7 +324,8 @@ func (r *resourceState) applyList(devs []*pluginapi.Device, borrowed bool) (chan
 		if healthyChanged {
 			break
 		}
-		healthyChanged = healthy[index[id]] != r.isHealthy(id)
+		i, _ := index.find(list, id)
+		healthyChanged = healthy[i] != r.isHealthy(id)
 	}
 	r.devices, r.index, r.healthy, r.healthyN, r.down = list, index, healthy, healthyN, false
 	r.inOrder = len(list) == len(devs)
@@ -332,33 +337,6 @@ func (r *resourceState) applyList(devs []*pluginapi.Device, borrowed bool) (chan
 	r.registered = true
 	r.listed = true
 	return changed, healthyChanged
-}
-
-// indexList returns devs without nils, each ID once (the last device listed
-// under it), and the position of each ID. A list nearly always names each
-// device once, and costs one map write per device; one that repeats an ID
-// is then cut down to each ID's last device (its order matters only to an
-// update in place, which such a list never gets).
-func indexList(devs []*pluginapi.Device) (map[string]int32, []*pluginapi.Device) {
-	index := make(map[string]int32, len(devs))
-	list := make([]*pluginapi.Device, 0, len(devs))
-	for _, d := range devs {
-		if d != nil {
-			index[d.ID] = int32(len(list))
-			list = append(list, d)
-		}
-	}
-	if len(index) == len(list) {
-		return index, list
-	}
-	kept := make([]*pluginapi.Device, 0, len(index))
-	for i, d := range list {
-		if index[d.ID] == int32(i) { // the last listing of its ID
-			index[d.ID] = int32(len(kept))
-			kept = append(kept, d)
-		}
-	}
-	return index, kept
 }
 
 // updateInPlace applies devs when it lists the same IDs as devices, in the

@@ -12,103 +12,127 @@ import (
 // checkpoint. Comparison sorting 10,000 GPU UUIDs in no order takes 1.3 ms,
 // most of it in comparisons that reread the IDs' bytes; past radixMin IDs,
 // sortByID radix-sorts instead (0.5 ms): the IDs' common prefix is skipped
-// (plugins name their devices alike: "GPU-", "nvidia", "dev-"), the next 16
+// (plugins name their devices alike: "GPU-", "nvidia", "dev-"), the next 12
 // bytes make a key, the keys are sorted a byte at a time, and the few IDs
 // whose keys tie are compared whole. A list already in order is not sorted.
+// The IDs are sorted where they are, in the copy the caller hands over, so
+// that sorting needs 16 bytes a device besides (the keys, twice) and keeps
+// no array but the sorted IDs and their order.
 const radixMin = 256
 
-// idAt is a device ID and its index in a device list.
-type idAt struct {
-	id string
-	i  int32
-}
-
-// idsAt copies the IDs of list, with their indices.
-func idsAt(list []*pluginapi.Device) []idAt {
-	out := make([]idAt, len(list))
+// deviceIDs copies the IDs of list.
+func deviceIDs(list []*pluginapi.Device) []string {
+	out := make([]string, len(list))
 	for i, d := range list {
-		out[i] = idAt{d.ID, int32(i)}
+		out[i] = d.ID
 	}
 	return out
 }
 
-// sortByID returns the indices and the IDs of byID, in ID order (for equal
-// IDs, in no particular order). It may reorder byID, and it reads nothing
-// shared, so it runs outside the manager's lock.
-func sortByID(byID []idAt) (order []int32, ids []string) {
+// sortByID sorts ids, which the caller hands over, and returns it with the
+// index each ID had (for equal IDs, in no particular order). It reads
+// nothing shared, so it runs outside the manager's lock.
+func sortByID(ids []string) (order []int32, sorted []string) {
+	order = make([]int32, len(ids))
 	// Many plugins list their devices in order already; checking costs a
 	// comparison or two when they do not.
-	if !slices.IsSortedFunc(byID, compareIDAt) {
-		if len(byID) >= radixMin {
-			return radixSortIDs(byID)
+	if slices.IsSorted(ids) {
+		for k := range order {
+			order[k] = int32(k)
 		}
-		slices.SortFunc(byID, compareIDAt)
+		return order, ids
 	}
-	order, ids = make([]int32, len(byID)), make([]string, len(byID))
-	for k, x := range byID {
-		order[k], ids[k] = x.i, x.id
+	if len(ids) >= radixMin {
+		radixOrder(ids, order)
+	} else {
+		for k := range order {
+			order[k] = int32(k)
+		}
+		slices.SortFunc(order, func(a, b int32) int { return strings.Compare(ids[a], ids[b]) })
 	}
+	permute(ids, order)
 	return order, ids
 }
 
-func compareIDAt(a, b idAt) int { return strings.Compare(a.id, b.id) }
-
-// radixKey is the 16 bytes of an ID after the common prefix, zero-padded,
-// as two big-endian words, and where the ID is in the slice being sorted.
-// Keys in increasing order are IDs in increasing order, apart from ties.
-type radixKey struct {
-	hi, lo uint64
-	at     int32
+// permute rearranges ids so that ids[k] becomes what ids[order[k]] was;
+// order is a permutation. Each cycle of order is followed once, with a bit
+// per ID to mark the places done.
+func permute(ids []string, order []int32) {
+	done := make([]uint64, (len(ids)+63)/64)
+	for start := range ids {
+		if done[start/64]&(1<<(start%64)) != 0 {
+			continue
+		}
+		first := ids[start]
+		k := start
+		for {
+			done[k/64] |= 1 << (k % 64)
+			next := int(order[k])
+			if next == start {
+				ids[k] = first
+				break
+			}
+			ids[k] = ids[next]
+			k = next
+		}
+	}
 }
 
-// radixSortIDs is sortByID by an LSD radix sort of the keys, a byte at a
-// time and skipping the bytes all keys share, then a comparison sort of
-// each run of tied keys.
-func radixSortIDs(byID []idAt) (order []int32, ids []string) {
-	skip := commonPrefixLen(byID)
-	keys, spare := make([]radixKey, len(byID)), make([]radixKey, len(byID))
-	for k, x := range byID {
-		var b [16]byte
-		if skip < len(x.id) {
-			copy(b[:], x.id[skip:])
+// radixKey is the 12 bytes of an ID after the common prefix, zero-padded,
+// as two big-endian words, and the ID's index. Keys in increasing order are
+// IDs in increasing order, apart from ties.
+type radixKey struct {
+	hi uint64
+	lo uint32
+	at int32
+}
+
+// radixKeyBytes is how many bytes of an ID a radixKey holds.
+const radixKeyBytes = 12
+
+// radixOrder writes into order the indices of ids in ID order: an LSD
+// radix sort of the keys, a byte at a time and skipping the bytes all keys
+// share, then a comparison sort of each run of tied keys.
+func radixOrder(ids []string, order []int32) {
+	skip := commonPrefixLen(ids)
+	keys, spare := make([]radixKey, len(ids)), make([]radixKey, len(ids))
+	for k, id := range ids {
+		var b [radixKeyBytes]byte
+		if skip < len(id) {
+			copy(b[:], id[skip:])
 		}
-		keys[k] = radixKey{binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:]), int32(k)}
+		keys[k] = radixKey{binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint32(b[8:]), int32(k)}
 	}
-	for pass := range 16 {
+	for pass := range radixKeyBytes {
 		if radixPass(keys, spare, pass) {
 			keys, spare = spare, keys
 		}
 	}
-	order, ids = make([]int32, len(byID)), make([]string, len(byID))
 	for k, key := range keys {
-		x := byID[key.at]
-		order[k], ids[k] = x.i, x.id
+		order[k] = key.at
 	}
+	byID := func(a, b int32) int { return strings.Compare(ids[a], ids[b]) }
 	for a := 0; a < len(keys); {
 		b := a + 1
 		for b < len(keys) && keys[b].hi == keys[a].hi && keys[b].lo == keys[a].lo {
 			b++
 		}
 		if b-a > 1 {
-			tied := make([]idAt, 0, b-a)
-			for k := a; k < b; k++ {
-				tied = append(tied, idAt{ids[k], order[k]})
-			}
-			slices.SortFunc(tied, compareIDAt)
-			for k, x := range tied {
-				order[a+k], ids[a+k] = x.i, x.id
-			}
+			slices.SortFunc(order[a:b], byID)
 		}
 		a = b
 	}
-	return order, ids
 }
 
 // radixPass distributes keys into out by their byte number pass, counted
 // from the least significant; false, leaving out alone, when every key has
 // the same byte there.
 func radixPass(keys, out []radixKey, pass int) bool {
-	shift, hi := uint(pass%8)*8, pass >= 8
+	hi := pass >= 4
+	shift := uint(pass) * 8
+	if hi {
+		shift = uint(pass-4) * 8
+	}
 	digit := func(k *radixKey) byte {
 		if hi {
 			return byte(k.hi >> shift)
@@ -135,15 +159,15 @@ func radixPass(keys, out []radixKey, pass int) bool {
 	return true
 }
 
-// commonPrefixLen returns the length of the prefix all IDs of byID share
-// (not empty).
-func commonPrefixLen(byID []idAt) int {
-	first := byID[0].id
+// commonPrefixLen returns the length of the prefix all of ids share (not
+// empty).
+func commonPrefixLen(ids []string) int {
+	first := ids[0]
 	n := len(first)
-	for _, x := range byID[1:] {
-		n = min(n, len(x.id))
+	for _, id := range ids[1:] {
+		n = min(n, len(id))
 		for j := range n {
-			if x.id[j] != first[j] {
+			if id[j] != first[j] {
 				n = j
 				break
 			}

@@ -65,13 +65,13 @@ func TestSortByIDMatchesComparisonSort(t *testing.T) {
 				ids := randomIDs(r, n, shape)
 				want := slices.Clone(ids)
 				slices.Sort(want)
-				order, got := sortByID(idsAt(devicesWithIDs(ids)))
+				order, got := sortByID(deviceIDs(devicesWithIDs(ids)))
 				require.Equal(t, want, got)
 				for k, i := range order {
 					require.Equal(t, got[k], ids[i], "index %d", k)
 				}
 				// A list in order already keeps its order.
-				order, got = sortByID(idsAt(devicesWithIDs(want)))
+				order, got = sortByID(deviceIDs(devicesWithIDs(want)))
 				require.Equal(t, want, got)
 				for k, i := range order {
 					require.Equal(t, int32(k), i)
@@ -82,7 +82,7 @@ func TestSortByIDMatchesComparisonSort(t *testing.T) {
 	// Duplicates (which a list applied in place never has) still come out in
 	// order, each with an index of its ID.
 	ids := append(randomIDs(r, 500, idShapes["numbered"]), randomIDs(r, 500, idShapes["numbered"])...)
-	order, got := sortByID(idsAt(devicesWithIDs(ids)))
+	order, got := sortByID(deviceIDs(devicesWithIDs(ids)))
 	require.True(t, slices.IsSorted(got))
 	for k, i := range order {
 		require.Equal(t, got[k], ids[i])
@@ -96,7 +96,7 @@ func BenchmarkSortByID(b *testing.B) {
 	list := devicesWithIDs(ids)
 	b.ReportAllocs()
 	for b.Loop() {
-		sortByID(idsAt(list))
+		sortByID(deviceIDs(list))
 	}
 }
 
