@@ -17,6 +17,7 @@ import (
 	"regexp"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -100,6 +101,7 @@ func compareMain(args []string) error {
 	only := fs.String("only", "", "run only the workloads whose name (W1/n=8, W2, ...) matches this regexp")
 	timeout := fs.Duration("timeout", 15*time.Minute, "limit of one run")
 	poll := fs.Duration("poll", pollInterval, "pause between polls of GetCapacity or the checkpoint in the runs (0: a tight loop)")
+	pin := fs.Bool("pin", pinPoller, "in the runs, pin the poller's thread to the last CPU and every other thread to the others while it polls")
 	rev := fs.String("rev", "", "how to name the devmgr under test in the report (default: git describe of ..)")
 	split := fs.Bool("split", false, "run each side in a build of bench/ that links its implementation only (-tags devmgronly, kubeletonly), instead of this binary")
 	goCmd := fs.String("go", "go", "with -split: the go command that builds each side")
@@ -163,7 +165,7 @@ func compareMain(args []string) error {
 		return err
 	}
 	defer os.RemoveAll(base)
-	common := []string{"-poll", poll.String()}
+	common := []string{"-poll", poll.String(), "-pin=" + strconv.FormatBool(*pin)}
 	d := &driver{self: self, bins: map[string]string{"devmgr": self, "kubelet": self}, base: base, impls: impls,
 		timeout: *timeout, common: common, results: map[string]map[string][]result{}, prep: map[string]result{}}
 	binaries := binaryInfo{one: fileSize(self)}
@@ -278,6 +280,7 @@ func compareMain(args []string) error {
 		floorLen: floorSize,
 		loads:    d.loads,
 		poll:     *poll,
+		pin:      *pin,
 		binaries: binaries,
 	}
 	text := rep.markdown()

@@ -80,6 +80,7 @@ func runMain(args []string) error {
 	iters := fs.Int("iters", 0, "W3, W3direct, W6, floor: timed repetitions (0: the workload's default)")
 	profile := fs.String("cpuprofile", "", "write a CPU profile of the timed section to this file")
 	traceOut := fs.String("trace", "", "write an execution trace of the timed section to this file")
+	fs.BoolVar(&pinPoller, "pin", pinPoller, "pin the poller's thread to the last CPU and the others to the rest while it polls")
 	fs.DurationVar(&pollInterval, "poll", pollInterval, "pause between polls of GetCapacity or the checkpoint (0: a tight loop)")
 	if err := fs.Parse(args); err != nil {
 		return err
