@@ -14,7 +14,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-	"unsafe"
 
 	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
@@ -263,9 +262,9 @@ func pinThreads(poller int) (all unix.CPUSet, ok bool) {
 		return all, false
 	}
 	last := -1
-	for c := range 8 * int(unsafe.Sizeof(all)) {
+	for c, left := 0, all.Count(); left > 0; c++ {
 		if all.IsSet(c) {
-			last = c
+			last, left = c, left-1
 		}
 	}
 	var mine unix.CPUSet
