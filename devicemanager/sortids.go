@@ -15,9 +15,9 @@ import (
 // (plugins name their devices alike: "GPU-", "nvidia", "dev-"), the next 12
 // bytes make a key, the keys are sorted a byte at a time, and the few IDs
 // whose keys tie are compared whole. A list already in order is not sorted.
-// The IDs are sorted where they are, in the copy the caller hands over, so
-// that sorting needs 16 bytes a device besides (the keys, twice) and keeps
-// no array but the sorted IDs and their order.
+// The IDs are sorted where they are, in the copy the caller hands over:
+// besides that copy and the order it returns, the sort needs two arrays of
+// 16-byte keys and a bit per device, and keeps none of them.
 const radixMin = 256
 
 // deviceIDs copies the IDs of list.
