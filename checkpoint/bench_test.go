@@ -104,7 +104,7 @@ func BenchmarkStoreWrite(b *testing.B) {
 		}
 		i := 0
 		for b.Loop() {
-			if err := s.CreateCheckpoint(DeviceManagerKey, rawBench(docs[i%2])); err != nil {
+			if err := s.CreateCheckpoint(DeviceManagerKey, rawDoc(docs[i%2])); err != nil {
 				b.Fatal(err)
 			}
 			i++
@@ -129,16 +129,9 @@ func BenchmarkStoreWrite(b *testing.B) {
 			records = slices.Delete(records, gone, gone+1)
 			doc = bytes.Join(records, nil)
 			b.StartTimer()
-			if err := s.CreateCheckpoint(DeviceManagerKey, rawBench(doc)); err != nil {
+			if err := s.CreateCheckpoint(DeviceManagerKey, rawDoc(doc)); err != nil {
 				b.Fatal(err)
 			}
 		}
 	})
 }
-
-// rawBench is a document written as it is.
-type rawBench []byte
-
-func (d rawBench) MarshalCheckpoint() ([]byte, error) { return d, nil }
-func (rawBench) UnmarshalCheckpoint([]byte) error     { return nil }
-func (rawBench) VerifyChecksum() error                { return nil }
