@@ -26,15 +26,13 @@
 // # Store
 //
 // NewManager returns a Manager that keeps one file per key in a directory.
-// Writes go to a file in the same directory, which is synced, takes the
-// checkpoint's place atomically, and is followed by a sync of the directory.
-// That file is the key's spare (SpareName), the previous checkpoint's file,
-// written over and exchanged with the checkpoint (renameat2 RENAME_EXCHANGE)
-// when no one else has it open; otherwise a new temporary file renamed over
-// the checkpoint. Readers never see a partial file either way. Errors:
-// ErrNotFound for a missing checkpoint, *CorruptError for a checksum mismatch,
-// *DecodeError (naming the file) for a document that does not decode, and
-// *KeyError for a key the store refuses.
+// A write goes to a new temporary file in the same directory, which is
+// synced, renamed over the checkpoint, and followed by a sync of the
+// directory: readers never see a partial file, and after a crash the
+// checkpoint holds the previous or the new content. Errors: ErrNotFound for
+// a missing checkpoint, *CorruptError for a checksum mismatch, *DecodeError
+// (naming the file) for a document that does not decode, and *KeyError for a
+// key the store refuses.
 //
 // # Concurrency and lifecycle
 //

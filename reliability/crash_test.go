@@ -651,15 +651,14 @@ func doubledAmong(file map[string][]string) int {
 }
 
 // tempFiles counts the store's temporary files in dir (names starting with
-// ".", other than the checkpoint's spare, which is meant to stay): a kill
-// between their creation and their rename leaves them.
+// "."): a kill between their creation and their rename leaves them.
 func tempFiles(t *testing.T, dir string) int {
 	t.Helper()
 	entries, err := os.ReadDir(dir)
 	require.NoError(t, err)
 	n := 0
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), ".") && e.Name() != checkpoint.SpareName(checkpoint.DeviceManagerKey) {
+		if strings.HasPrefix(e.Name(), ".") {
 			n++
 		}
 	}

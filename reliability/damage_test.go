@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io/fs"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -633,11 +632,6 @@ func breakWrites(t *roleT, mech, dir string, size int) (restore func()) {
 		require.NoError(t, os.Chmod(dir, 0o555))
 		return func() { require.NoError(t, os.Chmod(dir, 0o750)) }
 	case "tmpfs":
-		// The checkpoint's spare has blocks a write may reuse on a full
-		// disk; without it the write needs new ones.
-		if err := os.Remove(filepath.Join(dir, checkpoint.SpareName(checkpoint.DeviceManagerKey))); !errors.Is(err, fs.ErrNotExist) {
-			require.NoError(t, err)
-		}
 		filler := filepath.Join(dir, "filler")
 		f, err := os.Create(filler)
 		require.NoError(t, err)
@@ -687,15 +681,13 @@ func corruptInReadOnlyDir(t *roleT, mech, base string, res *writeFailureResult) 
 }
 
 // dotFiles lists the names in dir that start with ".", the store's
-// temporary files, other than the checkpoint's spare (an older copy the
-// store keeps to write the next checkpoint over; a write that fails before
-// opening it, as on a read-only mount, leaves it as it was).
+// temporary files.
 func dotFiles(t *roleT, dir string) []string {
 	entries, err := os.ReadDir(dir)
 	require.NoError(t, err)
 	var out []string
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), ".") && e.Name() != checkpoint.SpareName(checkpoint.DeviceManagerKey) {
+		if strings.HasPrefix(e.Name(), ".") {
 			out = append(out, e.Name())
 		}
 	}
