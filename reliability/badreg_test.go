@@ -30,10 +30,13 @@ import (
 	"github.com/openkubelet/devmgr/plugintest"
 )
 
-// Bad registrations: every malformed RegisterRequest (SPEC §7.3 and DESIGN
-// difference 4) is refused with an error whose text is asserted, before the
-// manager dials anything for a bad version, name or endpoint string, and
-// after a bounded dial-back for an endpoint that is not a device plugin.
+// Bad registrations: every malformed RegisterRequest (a version other than
+// v1beta1 or an invalid resource name, refused with the kubelet's texts; an
+// endpoint that is not a bare file name, which devmgr refuses and the kubelet
+// does not: docs/ARCHITECTURE.md) is refused with an error whose text is
+// asserted, before the manager dials anything for a bad version, name or
+// endpoint string, and after a bounded dial-back for an endpoint that is not
+// a device plugin.
 // Between two cases a good plugin registers again and a pod is admitted;
 // then a plugin registers the same resource in a hot loop of 1,000
 // requests per second while the good plugin keeps admitting pods.
@@ -331,9 +334,10 @@ type stormResult struct {
 // concurrent senders on one connection to kubelet.sock, so that the pace is
 // the manager's to keep), while the good plugin admits pods. On 2 cores
 // under -race the manager, the plugin and the senders keep up with about 700
-// requests per second; the rate achieved is in the figures. Each request is accepted
-// (replacing the previous connection: DESIGN difference 6) or refused with
-// an error naming the socket; afterwards one connection serves the resource.
+// requests per second; the rate achieved is in the figures. Each request is
+// accepted (replacing the previous connection, where the kubelet would refuse
+// it: see docs/ARCHITECTURE.md) or refused with an error naming the socket;
+// afterwards one connection serves the resource.
 func registrationStorm(t *testing.T, r *rig) stormResult {
 	t.Helper()
 	p := r.plugin(resNIC, "storm.sock", healthyDevices("n", 4))

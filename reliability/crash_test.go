@@ -46,8 +46,9 @@ import (
 //   - plus, possibly, the admission in flight at the kill (its write may have
 //     landed before the acknowledgement was printed);
 //   - and pods the child released: garbage collection does not write the
-//     checkpoint (SPEC §6.6), so a release reaches the file only with the
-//     next admission's write, which garbage-collects first. A released pod
+//     checkpoint (in devmgr as in the kubelet), so a release reaches the
+//     file only with the next admission's write, which garbage-collects
+//     first. A released pod
 //     stays in the file until an admission started after its release is
 //     written, and is gone from it from then on.
 //

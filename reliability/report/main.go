@@ -7,7 +7,9 @@
 //
 // It renders every category found in the input, in the order the tests
 // reported them, whoever wrote the test: one row per record, its details
-// below. A record's details may carry "case" (the row's name) and "about"
+// below. The file names the commit the suite ran at (git's short hash of
+// HEAD, marked when the work tree has uncommitted changes), so a reader can
+// tell which code the figures describe. A record's details may carry "case" (the row's name) and "about"
 // (a sentence on what the case does); the categories of crash consistency,
 // checkpoint damage and permissions have their description here.
 package main
@@ -20,6 +22,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -71,11 +74,11 @@ func run(in, out, logFile string, status int, command string) error {
 			return err
 		}
 	}
-	doc := render(records, runInfo{status: status, failed: failed, command: command, machine: machine()})
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return err
 	}
-	return os.WriteFile(out, doc, 0o644)
+	info := runInfo{status: status, failed: failed, command: command, machine: machine(), commit: commitOf(out)}
+	return os.WriteFile(out, render(records, info), 0o644)
 }
 
 func readFigures(path string) ([]figures, error) {
@@ -126,6 +129,33 @@ type runInfo struct {
 	failed  []string
 	command string
 	machine string
+	commit  string
+}
+
+// commitOf names the commit of the git work tree that holds out: the short
+// hash of HEAD, followed by "(with uncommitted changes)" when git status
+// reports any change (untracked files included) other than out itself, which
+// an earlier run may have rewritten. Outside a work tree, or without git, it
+// says the commit is unknown.
+func commitOf(out string) string {
+	abs, err := filepath.Abs(out)
+	if err != nil {
+		return "unknown (" + err.Error() + ")"
+	}
+	dir := filepath.Dir(abs)
+	head, err := exec.Command("git", "-C", dir, "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return "unknown (not a git work tree)"
+	}
+	commit := "`" + strings.TrimSpace(string(head)) + "`"
+	changes, err := exec.Command("git", "-C", dir, "status", "--porcelain", "--", ":(exclude)"+abs).Output()
+	switch {
+	case err != nil:
+		return commit + " (git status failed: " + err.Error() + ")"
+	case len(bytes.TrimSpace(changes)) > 0:
+		return commit + " (with uncommitted changes)"
+	}
+	return commit
 }
 
 // about describes the categories whose tests this generator's authors wrote;
@@ -145,18 +175,19 @@ admission in flight, with no device in two pods, and starts a new manager on the
 which must restore them (GetDevices). The next child starts on the same directory, so the
 checkpoint accumulates across kills.
 
-**What "acknowledged" means for a release.** Garbage collection does not write the checkpoint
-(SPEC §6.6): a released pod leaves the file only with the next admission's write, which
-garbage-collects first. So after a kill the file may still hold pods released since the last
-acknowledged admission: exactly those, with their devices, or, if the admission in flight was
-written, none of them. The test models this: a release is acknowledged by the next acknowledged
-admission, and a released pod that is still in the file is neither lost nor unexpected. One
-other write can carry a garbage collection: a device update writes the ledger as it is. In this
-test the plugin sends one device list, when it registers after the child starts, and that write
-may land between the first admission's garbage collection and its record. The file then holds
-the acknowledged pods without the released ones, and not the pod in flight. The test allows
-this state during the first admission of a run only. The kubelet behaves the same way. A node that restarts keeps such a pod's devices until its first
-admission (or GetTopologyHints) garbage-collects, against the active pods it is given.
+**What "acknowledged" means for a release.** Garbage collection does not write the checkpoint,
+in devmgr as in the kubelet (docs/ARCHITECTURE.md): a released pod leaves the file only with
+the next admission's write, which garbage-collects first. So after a kill the file may still
+hold pods released since the last acknowledged admission: exactly those, with their devices,
+or, if the admission in flight was written, none of them. The test models this: a release is
+acknowledged by the next acknowledged admission, and a released pod that is still in the file
+is neither lost nor unexpected. One other write can carry a garbage collection: a device update
+writes the ledger as it is. In this test the plugin sends one device list, when it registers
+after the child starts, and that write may land between the first admission's garbage
+collection and its record. The file then holds the acknowledged pods without the released
+ones, and not the pod in flight. The test allows this state during the first admission of a
+run only. A node that restarts keeps such a pod's devices until its first admission (or
+GetTopologyHints) garbage-collects, against the active pods it is given.
 
 **What SIGKILL does not test.** It ends the process, not the machine: the page cache survives.
 The test shows that the checkpoint is replaced atomically (temporary file, rename) and is on
@@ -220,6 +251,7 @@ func render(records []figures, info runInfo) []byte {
 	p("## Last run\n\n")
 	p("| | |\n|---|---|\n")
 	p("| Command | `%s` |\n", info.command)
+	p("| Commit | %s |\n", info.commit)
 	p("| Date | %s |\n", when.UTC().Format("2006-01-02 15:04 MST"))
 	p("| Machine | %s |\n", info.machine)
 	switch {
