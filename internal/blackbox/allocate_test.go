@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/sets"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -547,4 +549,179 @@ func TestAlignedAllocation(t *testing.T) {
 		require.NotNil(t, got["n1a"].GetTopology())
 		assert.Equal(t, int64(1), got["n1a"].Topology.Nodes[0].ID)
 	})
+}
+
+// DESIGN difference 3: every ID list sent to a plugin is sorted.
+func TestPluginRequestsSortedIDs(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	var devs []*pluginapi.Device
+	for _, id := range []string{"h", "c", "a", "g", "e", "b", "f", "d", "j", "i"} {
+		devs = append(devs, healthy(id))
+	}
+	pl := e.plugin(t, "p.sock", resGPU,
+		&pluginapi.DevicePluginOptions{PreStartRequired: true, GetPreferredAllocationAvailable: true}, devs...)
+	p := pod("u1", ctr("app", resGPU, 7))
+	p.Spec.InitContainers = []v1.Container{ctr("init", resGPU, 5)}
+	require.NoError(t, e.allocate(p, "init"))
+	require.NoError(t, e.allocate(p, "app"))
+	_, err := e.runOptions(p, "app")
+	require.NoError(t, err)
+	for _, c := range pl.allocateCalls() {
+		got := c.ContainerRequests[0].DevicesIds
+		assert.True(t, slices.IsSorted(got), "Allocate IDs %v", got)
+	}
+	for _, c := range pl.preferredCalls() {
+		r := c.ContainerRequests[0]
+		assert.True(t, slices.IsSorted(r.AvailableDeviceIDs), "available %v", r.AvailableDeviceIDs)
+		assert.True(t, slices.IsSorted(r.MustIncludeDeviceIDs), "mustInclude %v", r.MustIncludeDeviceIDs)
+	}
+	calls := pl.preStartCalls()
+	require.Len(t, calls, 1)
+	assert.True(t, slices.IsSorted(calls[0].DevicesIds), "PreStart IDs %v", calls[0].DevicesIds)
+	assert.Len(t, calls[0].DevicesIds, 7)
+}
+
+// SPEC 3.2: only limits count; requests are ignored.
+func TestAllocateIgnoresRequestsWithoutLimits(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	pl := e.plugin(t, "p.sock", resGPU, nil, healthy("d0"))
+	p := pod("u1", ctr("c"))
+	p.Spec.Containers[0].Resources.Requests = v1.ResourceList{v1.ResourceName(resGPU): resource.MustParse("1")}
+	require.NoError(t, e.allocate(p, "c"))
+	assert.Empty(t, pl.allocateCalls())
+}
+
+// SPEC 3.2 step 1: DRA-backed extended resources are skipped.
+func TestAllocateSkipsDRAExtendedResources(t *testing.T) {
+	e := newEnv(t, func(o *devicemanager.Options) { o.RequirePlugin = []string{"example.com/*"} })
+	e.start(t)
+	pl := e.plugin(t, "p.sock", resGPU, nil, healthy("d0"))
+	p := pod("u1", ctr("c", "example.com/dra", 1, resGPU, 1))
+	p.Status.ExtendedResourceClaimStatus = &v1.PodExtendedResourceClaimStatus{
+		ResourceClaimName: "claim",
+		RequestMappings: []v1.ContainerExtendedResourceRequest{
+			{ContainerName: "c", ResourceName: "example.com/dra", RequestName: "r0"},
+			{ContainerName: "c", ResourceName: resGPU, RequestName: "r1"},
+		},
+	}
+	require.NoError(t, e.allocate(p, "c"))
+	assert.Empty(t, pl.allocateCalls(), "a DRA-backed resource went to the device plugin")
+	assert.Empty(t, e.mgr.GetDevices("u1", "c"))
+
+	// The mapping is per container.
+	q := pod("u2", ctr("c", "example.com/dra", 1))
+	q.Status.ExtendedResourceClaimStatus = &v1.PodExtendedResourceClaimStatus{
+		RequestMappings: []v1.ContainerExtendedResourceRequest{{ContainerName: "other", ResourceName: "example.com/dra"}},
+	}
+	err := e.allocate(q, "c")
+	assert.ErrorIs(t, err, devicemanager.ErrUnregisteredResource)
+}
+
+// SPEC 3.2 step 3: Allocate garbage-collects pods that are no longer active.
+func TestAllocateCollectsInactivePods(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	e.plugin(t, "p.sock", resGPU, nil, healthy("d0"), healthy("d1"))
+	require.NoError(t, e.allocate(pod("old", ctr("c", resGPU, 2)), "c"))
+	e.pods.set()
+	require.NoError(t, e.allocate(pod("new", ctr("c", resGPU, 2)), "c"))
+	assert.Empty(t, e.mgr.GetDevices("old", "c"))
+	assert.Len(t, ids(e.mgr, "new", "c", resGPU), 2)
+}
+
+// SPEC 3.1 step 1: the reuse pool only holds the pod being admitted.
+func TestReusePoolResetByAnotherPod(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	e.plugin(t, "p.sock", resGPU, nil, healthy("a"), healthy("b"), healthy("c"))
+	pa := pod("A", ctr("app", resGPU, 1))
+	pa.Spec.InitContainers = []v1.Container{ctr("init", resGPU, 1)}
+	require.NoError(t, e.allocate(pa, "init"))
+	require.NoError(t, e.allocate(pod("B", ctr("app", resGPU, 1)), "app"))
+	require.NoError(t, e.allocate(pa, "app"))
+	initIDs := sets.New(ids(e.mgr, "A", "init", resGPU)...)
+	appIDs := sets.New(ids(e.mgr, "A", "app", resGPU)...)
+	assert.Empty(t, initIDs.Intersection(appIDs), "A's app reused its init device after another pod was admitted")
+}
+
+// SPEC 3.3 step 7b: "Requested" in the message is what remains after reuse.
+func TestInsufficientMessageCountsAfterReuse(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	e.plugin(t, "p.sock", resGPU, nil, healthy("a"), healthy("b"), healthy("c"))
+	p := pod("u1", ctr("app", resGPU, 4))
+	p.Spec.InitContainers = []v1.Container{ctr("init", resGPU, 2)}
+	require.NoError(t, e.allocate(p, "init"))
+	err := e.allocate(p, "app")
+	require.Error(t, err)
+	assert.ErrorIs(t, err, devicemanager.ErrInsufficientDevices)
+	assert.Contains(t, err.Error(), "requested number of devices unavailable for vendor.com/gpu. Requested: 2, Available: 1")
+	assert.Empty(t, e.mgr.GetDevices("u1", "app"))
+}
+
+// SPEC 3.3 notes: extra preferred IDs: an arbitrary subset is taken.
+func TestPreferredMoreThanNeededTakesASubset(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	pl := e.plugin(t, "p.sock", resGPU, &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: true}, fourGPUs()...)
+	pl.setPreferred(func(context.Context, *pluginapi.ContainerPreferredAllocationRequest) ([]string, error) {
+		return []string{"d3", "d1", "d2"}, nil
+	})
+	require.NoError(t, e.allocate(pod("u1", ctr("c", resGPU, 2)), "c"))
+	got := ids(e.mgr, "u1", "c", resGPU)
+	assert.Len(t, got, 2)
+	assert.Subset(t, []string{"d1", "d2", "d3"}, got)
+}
+
+// SPEC 3.2 step 8: only the first container response is used.
+func TestAllocateExtraContainerResponsesIgnored(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	pl := e.plugin(t, "p.sock", resGPU, nil, healthy("d0"))
+	pl.setAllocate(func(context.Context, *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+		return &pluginapi.AllocateResponse{ContainerResponses: []*pluginapi.ContainerAllocateResponse{
+			{Envs: map[string]string{"FIRST": "1"}}, {Envs: map[string]string{"SECOND": "2"}},
+		}}, nil
+	})
+	p := pod("u1", ctr("c", resGPU, 1))
+	require.NoError(t, e.allocate(p, "c"))
+	o, err := e.runOptions(p, "c")
+	require.NoError(t, err)
+	require.NotNil(t, o)
+	assert.Equal(t, []devicemanager.EnvVar{{Name: "FIRST", Value: "1"}}, o.Envs)
+}
+
+// DESIGN difference 5: a hung GetPreferredAllocation stalls only its resource.
+func TestHungPreferredStallsOnlyItsResource(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	gpu := e.plugin(t, "g.sock", resGPU, &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: true}, healthy("g0"), healthy("g1"))
+	e.plugin(t, "n.sock", resNIC, nil, healthy("n0"))
+	release := make(chan struct{})
+	gpu.setPreferred(func(ctx context.Context, _ *pluginapi.ContainerPreferredAllocationRequest) ([]string, error) {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil, nil
+	})
+	var once sync.Once
+	defer once.Do(func() { close(release) })
+	p1 := pod("u1", ctr("c", resGPU, 1))
+	e.pods.add(p1)
+	hung := make(chan error, 1)
+	go func() { hung <- e.mgr.Allocate(context.Background(), p1, &p1.Spec.Containers[0]) }()
+	require.Eventually(t, func() bool { return len(gpu.preferredCalls()) == 1 }, waitFor, tick)
+	other := make(chan error, 1)
+	go func() { other <- e.allocate(pod("u2", ctr("c", resNIC, 1)), "c") }()
+	select {
+	case err := <-other:
+		require.NoError(t, err)
+	case <-time.After(waitFor):
+		t.Fatal("a hung GetPreferredAllocation blocked another resource")
+	}
+	once.Do(func() { close(release) })
+	require.NoError(t, <-hung)
 }

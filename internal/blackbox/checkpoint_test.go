@@ -11,7 +11,6 @@ import (
 	"sort"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -22,7 +21,6 @@ import (
 
 	"github.com/openkubelet/devmgr/checkpoint"
 	"github.com/openkubelet/devmgr/devicemanager"
-	"github.com/openkubelet/devmgr/podstate"
 )
 
 const fixtures = "../../testdata/kubelet-checkpoints"
@@ -319,98 +317,6 @@ func boolInt(b bool) int {
 	return 0
 }
 
-// DESIGN data flow 1 + SPEC 3.9: a new manager on the same directory
-// restores the allocations; Stop writes nothing.
-func TestCheckpointRestoreAfterRestart(t *testing.T) {
-	e := newEnv(t, func(o *devicemanager.Options) { o.NUMANodes = []int{0, 1}; o.StopGracePeriod = time.Minute })
-	m1 := e.start(t)
-	pl := e.plugin(t, "p.sock", resGPU, nil, healthy("d0", 0), healthy("d1", 1), healthy("d2"))
-	p := pod("u1", ctr("c", resGPU, 3), ctr("other", "cpu", 1))
-	require.NoError(t, e.allocate(p, "c"))
-	wantOpts, err := e.runOptions(p, "c")
-	require.NoError(t, err)
-	wantDevs := m1.GetDevices("u1", "c")
-	ckPath := filepath.Join(e.dir, checkpoint.DeviceManagerKey)
-	before := readFile(t, ckPath)
-
-	pl.stop()
-	e.waitCapacity(t, resGPU, 3, 0)
-	require.NoError(t, m1.Stop())
-	assert.Equal(t, string(before), string(readFile(t, ckPath)), "disconnect or Stop wrote the checkpoint")
-
-	e.ready.v.Store(false)
-	cmap := podstate.ContainerMap{"cid-1": {PodUID: "u1", ContainerName: "c"}}
-	m2 := e.startWith(t, cmap, sets.New("cid-1"))
-
-	got := m2.GetDevices("u1", "c")
-	require.Contains(t, got, resGPU)
-	assert.Equal(t, sets.KeySet(wantDevs[resGPU]), sets.KeySet(got[resGPU]))
-	for id, d := range got[resGPU] {
-		assert.True(t, proto.Equal(wantDevs[resGPU][id], d), "device %s: %v vs %v", id, wantDevs[resGPU][id], d)
-	}
-	o, err := e.runOptions(p, "c")
-	require.NoError(t, err)
-	require.NotNil(t, o)
-	assert.ElementsMatch(t, wantOpts.Envs, o.Envs)
-
-	// Restored resources: capacity 0/0, not allocatable devices, no hints.
-	c, a, listed := capacityOf(m2, resGPU)
-	assert.True(t, listed)
-	assert.Zero(t, c)
-	assert.Zero(t, a)
-	assert.NotContains(t, m2.GetAllocatableDevices(), resGPU)
-	hints := m2.GetTopologyHints(p, &p.Spec.Containers[0])
-	assert.Contains(t, hints, resGPU)
-	assert.Nil(t, hints[resGPU])
-
-	// Sources not ready: the running container passes untouched; a new one does not.
-	require.NoError(t, e.allocate(p, "c"))
-	err = e.allocate(pod("u2", ctr("c", resGPU, 1)), "c")
-	require.Error(t, err)
-	assert.ErrorIs(t, err, devicemanager.ErrNoHealthyDevices)
-	// Sources ready: the running container is checked too.
-	e.ready.v.Store(true)
-	err = e.allocate(p, "c")
-	require.Error(t, err)
-	assert.ErrorIs(t, err, devicemanager.ErrNoHealthyDevices)
-
-	// The plugin comes back: no new RPC is needed.
-	pl2 := e.plugin(t, "p.sock", resGPU, nil, healthy("d0", 0), healthy("d1", 1), healthy("d2"))
-	require.NoError(t, e.allocate(p, "c"))
-	assert.Empty(t, pl2.allocateCalls())
-	e.clock.Step(time.Hour)
-	_, _, removed := m2.GetCapacity()
-	assert.Empty(t, removed)
-}
-
-// SPEC 3.9: a restored resource whose plugin never returns disappears after
-// the grace period.
-func TestRestoredResourceExpires(t *testing.T) {
-	dir := copyFixture(t, "sample")
-	e := newEnv(t, func(o *devicemanager.Options) { o.StopGracePeriod = time.Minute })
-	e.opts.SocketDir = dir
-	e.dir = dir
-	m := e.start(t)
-	c, a, listed := capacityOf(m, "example.com/dev")
-	assert.True(t, listed)
-	assert.Zero(t, c)
-	assert.Zero(t, a)
-	e.clock.Step(time.Minute)
-	_, _, removed := m.GetCapacity()
-	assert.Empty(t, removed)
-	e.clock.Step(time.Second)
-	_, _, removed = m.GetCapacity()
-	assert.Equal(t, []string{"example.com/dev"}, removed)
-	require.Eventually(t, func() bool {
-		_, reg, ok := tryReadCheckpoint(dir)
-		_, has := reg["example.com/dev"]
-		return ok && !has
-	}, waitFor, tick)
-	// The allocation record itself survives.
-	entries, _ := readCheckpoint(t, dir)
-	assert.Len(t, entries, 1)
-}
-
 // Manager start on each kubelet fixture.
 func TestManagerStartsOnKubeletFixtures(t *testing.T) {
 	for _, tc := range []struct {
@@ -468,4 +374,54 @@ func TestManagerStartsOnKubeletFixtures(t *testing.T) {
 			assert.Equal(t, []devicemanager.EnvVar{{Name: "A", Value: "1"}}, o.Envs)
 		})
 	}
+}
+
+// DESIGN checkpoint: MarshalCheckpoint encodes exactly the data given, in
+// order (nil stays null).
+func TestCheckpointEncodesDataAsGiven(t *testing.T) {
+	b, err := checkpoint.New(nil, nil).MarshalCheckpoint()
+	require.NoError(t, err)
+	assert.Contains(t, string(b), `{"Data":{"PodDeviceEntries":null,"RegisteredDevices":null},"Checksum":`)
+	e1 := checkpoint.PodDevicesEntry{PodUID: "b", ContainerName: "c", ResourceName: "r", DeviceIDs: checkpoint.DevicesPerNUMA{1: {"y", "x"}}}
+	e2 := checkpoint.PodDevicesEntry{PodUID: "a", ContainerName: "c", ResourceName: "r", DeviceIDs: checkpoint.DevicesPerNUMA{10: {"z"}, 2: {"w"}, -1: {"v"}}}
+	b, err = checkpoint.New([]checkpoint.PodDevicesEntry{e1, e2}, map[string][]string{"r": {"y", "x"}}).MarshalCheckpoint()
+	require.NoError(t, err)
+	assert.Contains(t, string(b), `{"PodUID":"b","ContainerName":"c","ResourceName":"r","DeviceIDs":{"1":["y","x"]},"AllocResp":null},{"PodUID":"a","ContainerName":"c","ResourceName":"r","DeviceIDs":{"-1":["v"],"10":["z"],"2":["w"]},"AllocResp":null}`)
+	assert.Contains(t, string(b), `"RegisteredDevices":{"r":["y","x"]}`)
+	cp := checkpoint.New(nil, nil)
+	require.NoError(t, cp.UnmarshalCheckpoint(b))
+	require.NoError(t, cp.VerifyChecksum())
+	entries, _ := cp.GetData()
+	assert.Equal(t, []checkpoint.PodDevicesEntry{e1, e2}, entries)
+}
+
+// The checkpoint keeps a registered resource with no healthy device as an
+// empty list (SPEC 6.2), including one restored from a checkpoint.
+func TestCheckpointKeepsUnhealthyResourceAsEmptyList(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	pl := e.plugin(t, "p.sock", resGPU, nil, healthy("d0"))
+	require.NoError(t, e.allocate(pod("u1", ctr("c", resGPU, 1)), "c"))
+	pl.update(unhealthy("d0"))
+	e.waitCapacity(t, resGPU, 1, 0)
+	require.Eventually(t, func() bool {
+		_, reg, ok := tryReadCheckpoint(e.dir)
+		l, has := reg[resGPU]
+		return ok && has && l != nil && len(l) == 0
+	}, waitFor, tick, "all-unhealthy resource must be written as []")
+	pl.stop()
+	e.waitCapacity(t, resGPU, 1, 0)
+	require.NoError(t, e.mgr.Stop())
+
+	e.start(t)
+	e.plugin(t, "n.sock", resNIC, nil, healthy("n0"))
+	require.Eventually(t, func() bool {
+		_, reg, ok := tryReadCheckpoint(e.dir)
+		return ok && len(reg[resNIC]) == 1
+	}, waitFor, tick)
+	_, reg := readCheckpoint(t, e.dir)
+	l, ok := reg[resGPU]
+	assert.True(t, ok, "restored resource dropped from RegisteredDevices")
+	assert.NotNil(t, l)
+	assert.Empty(t, l)
 }

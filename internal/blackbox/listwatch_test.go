@@ -201,3 +201,38 @@ func sortedCopy(s []string) []string {
 	slices.Sort(out)
 	return out
 }
+
+// SPEC 2.4 GetCapacity/GetAllocatableDevices: a resource whose plugin lists
+// no device stays listed with zero.
+func TestEmptyDeviceListKeepsResource(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	pl := e.plugin(t, "p.sock", resGPU, nil, healthy("d0"))
+	pl.update()
+	e.waitCapacity(t, resGPU, 0, 0)
+	all := e.mgr.GetAllocatableDevices()
+	inner, ok := all[resGPU]
+	assert.True(t, ok)
+	assert.Empty(t, inner)
+	err := e.allocate(pod("u1", ctr("c", resGPU, 1)), "c")
+	assert.ErrorIs(t, err, devicemanager.ErrNoHealthyDevices)
+}
+
+// Options.MaxRecvMsgSize bounds one ListAndWatch message.
+func TestMaxRecvMsgSizeEndsOversizedStream(t *testing.T) {
+	e := newEnv(t, func(o *devicemanager.Options) { o.MaxRecvMsgSize = 2048 })
+	e.start(t)
+	small := e.plugin(t, "s.sock", resNIC, nil, healthy("n0"))
+	assert.Equal(t, 1, small.openStreams())
+	var devs []*pluginapi.Device
+	for i := range 100 {
+		devs = append(devs, healthy(fmt.Sprintf("%060d", i)))
+	}
+	big := newFakePlugin(t, e.dir, "b.sock", resGPU, nil, devs...)
+	big.start(t)
+	require.NoError(t, registerPlugin(t, e.dir, big))
+	require.Eventually(t, func() bool { return big.streamCount() == 1 && big.openStreams() == 0 }, waitFor, tick,
+		"an oversized message did not end the stream")
+	_, a, _ := capacityOf(e.mgr, resGPU)
+	assert.Zero(t, a)
+}

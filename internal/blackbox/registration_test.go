@@ -2,16 +2,22 @@ package blackbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -272,4 +278,105 @@ func keys[V any](m map[string]V) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// SPEC 3.8: options are fetched inside Register; a failure is returned.
+func TestRegisterFailsWhenOptionsCallFails(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	p := newFakePlugin(t, e.dir, "p.sock", resGPU, nil, healthy("d0"))
+	p.optsErr = errors.New("options broken")
+	p.start(t)
+	err := registerPlugin(t, e.dir, p)
+	require.Error(t, err)
+	assert.Contains(t, status.Convert(err).Message(), "failed to get device plugin options")
+	_, _, listed := capacityOf(e.mgr, resGPU)
+	assert.False(t, listed)
+	assert.Equal(t, 0, p.streamCount())
+}
+
+// SPEC 7.4.5: several resources may share one plugin socket; registering
+// the second must not replace the first one's connection (DESIGN diff. 6 is
+// per resource and socket).
+func TestResourcesShareOneSocket(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	p := newFakePlugin(t, e.dir, "shared.sock", resGPU, nil, healthy("x0"), healthy("x1"))
+	p.start(t)
+	require.NoError(t, register(t, e.dir, &pluginapi.RegisterRequest{Version: pluginapi.Version, Endpoint: p.endpointName(), ResourceName: resGPU}))
+	e.waitCapacity(t, resGPU, 2, 2)
+	require.NoError(t, register(t, e.dir, &pluginapi.RegisterRequest{Version: pluginapi.Version, Endpoint: p.endpointName(), ResourceName: resNIC}))
+	e.waitCapacity(t, resNIC, 2, 2)
+	require.Eventually(t, func() bool { return p.openStreams() == 2 }, waitFor, tick, "one resource's stream was closed")
+	e.clock.Step(time.Hour)
+	e.waitCapacity(t, resGPU, 2, 2)
+	e.waitCapacity(t, resNIC, 2, 2)
+	p.update(healthy("x0"))
+	e.waitCapacity(t, resGPU, 1, 1)
+	e.waitCapacity(t, resNIC, 1, 1)
+}
+
+// SPEC 7.4 step 2: the dial-back is bounded by DialTimeout and its failure
+// carries the kubelet's text.
+func TestRegisterDialTimeout(t *testing.T) {
+	e := newEnv(t, func(o *devicemanager.Options) { o.DialTimeout = 300 * time.Millisecond })
+	e.start(t)
+	// A socket that accepts connections but never speaks gRPC.
+	lis, err := net.Listen("unix", filepath.Join(e.dir, "mute.sock"))
+	require.NoError(t, err)
+	var conns []net.Conn
+	var mu sync.Mutex
+	acceptDone := make(chan struct{})
+	go func() {
+		defer close(acceptDone)
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		_ = lis.Close()
+		<-acceptDone
+		mu.Lock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+	}()
+	conn, err := grpc.NewClient("unix://"+filepath.Join(e.dir, "kubelet.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = pluginapi.NewRegistrationClient(conn).Register(ctx, &pluginapi.RegisterRequest{Version: pluginapi.Version, Endpoint: "mute.sock", ResourceName: resGPU})
+	require.Error(t, err)
+	assert.NotEqual(t, codes.DeadlineExceeded, status.Code(ctx.Err()), "DialTimeout not honoured: the client gave up first")
+	assert.Contains(t, status.Convert(err).Message(), "failed to dial device plugin")
+}
+
+// SPEC 3.8 (1.37, upstream #127803): an old instance's late disconnect does
+// not stop the newer instance of the same resource.
+func TestOldInstanceDisconnectKeepsNewInstance(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	old := e.plugin(t, "old.sock", resGPU, nil, healthy("d0"), healthy("d1"))
+	cur := e.plugin(t, "new.sock", resGPU, nil, healthy("d0"), healthy("d1"), healthy("d2"))
+	old.stop()
+	require.Eventually(t, func() bool { return old.openStreams() == 0 }, waitFor, tick)
+	// The new instance keeps serving: its updates count, and it stays past
+	// any grace period.
+	cur.update(healthy("d0"), healthy("d1"), healthy("d2"), healthy("d3"))
+	e.waitCapacity(t, resGPU, 4, 4)
+	e.clock.Step(time.Hour)
+	_, _, removed := e.mgr.GetCapacity()
+	assert.Empty(t, removed)
+	e.waitCapacity(t, resGPU, 4, 4)
+	require.NoError(t, e.allocate(pod("u1", ctr("c", resGPU, 2)), "c"))
+	assert.Len(t, cur.allocateCalls(), 1)
+	assert.Empty(t, old.allocateCalls())
 }

@@ -239,3 +239,34 @@ func TestUpdateAllocatedDevicesGC(t *testing.T) {
 	assert.Equal(t, before, readFile(t, e.dir+"/kubelet_internal_checkpoint"), "GC wrote the checkpoint")
 	require.NoError(t, e.allocate(pod("u2", ctr("c", resGPU, 2)), "c"))
 }
+
+// SPEC 4.3: first wins per env key / container path; CDI names deduplicated
+// within and across responses.
+func TestRunOptionsFirstWinsOnConflict(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	gpu := e.plugin(t, "g.sock", resGPU, nil, healthy("g0"))
+	nic := e.plugin(t, "n.sock", resNIC, nil, healthy("n0"))
+	gpu.setAllocate(fixedResponse(&pluginapi.ContainerAllocateResponse{
+		Envs:       map[string]string{"X": "1"},
+		Mounts:     []*pluginapi.Mount{{ContainerPath: "/c", HostPath: "/g"}},
+		Devices:    []*pluginapi.DeviceSpec{{ContainerPath: "/dev/x", HostPath: "/dev/g"}},
+		CdiDevices: []*pluginapi.CDIDevice{{Name: "v/c=1"}, {Name: "v/c=1"}},
+	}))
+	nic.setAllocate(fixedResponse(&pluginapi.ContainerAllocateResponse{
+		Envs:    map[string]string{"X": "2"},
+		Mounts:  []*pluginapi.Mount{{ContainerPath: "/c", HostPath: "/n"}},
+		Devices: []*pluginapi.DeviceSpec{{ContainerPath: "/dev/x", HostPath: "/dev/n"}},
+	}))
+	p := pod("u1", ctr("c", resGPU, 1, resNIC, 1))
+	require.NoError(t, e.allocate(p, "c"))
+	o, err := e.runOptions(p, "c")
+	require.NoError(t, err)
+	require.NotNil(t, o)
+	assert.Len(t, o.Envs, 1)
+	assert.Len(t, o.Mounts, 1)
+	assert.Len(t, o.Devices, 1)
+	assert.Equal(t, []devicemanager.CDIDevice{{Name: "v/c=1"}}, o.CDIDevices)
+	// Consistent winner: all from the same resource or not, but one each.
+	assert.Contains(t, []string{"1", "2"}, o.Envs[0].Value)
+}
