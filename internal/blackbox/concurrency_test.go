@@ -3,28 +3,93 @@ package blackbox_test
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/openkubelet/devmgr/checkpoint"
 	"github.com/openkubelet/devmgr/devicemanager"
 )
 
-// Every method is safe for concurrent use (SPEC 10.2 TestGetTopologyHintsWithUpdates).
-func TestConcurrentUse(t *testing.T) {
+// admission is what one worker of TestConcurrentAdmissionsNeverShareADevice
+// saw for one pod.
+type admission struct {
+	uid     string
+	want    int      // devices requested
+	err     error    // what Allocate returned
+	held    []string // the pod's devices right after the admission
+	retired bool     // the worker took the pod out of the active list
+}
+
+// Admissions, garbage collections, health updates and every getter run at
+// once, with more demand than devices. No device is ever held by two pods;
+// an admission that succeeds holds exactly what it asked for, and its run
+// options, status and hints describe those devices; a refusal is "not enough
+// devices" and leaves nothing behind; capacity and allocatable stay whole;
+// and at the end the manager counts as free exactly the devices that the
+// live pods do not hold, in its answers and in its checkpoint.
+func TestConcurrentAdmissionsNeverShareADevice(t *testing.T) {
+	const (
+		nDevices    = 40
+		workers     = 4
+		rounds      = 30 // admissions per worker
+		retireEvery = 10 // a worker retires its live pods every retireEvery rounds
+	)
 	e := newEnv(t, func(o *devicemanager.Options) { o.NUMANodes = []int{0, 1} })
 	e.start(t)
 	var devs []*pluginapi.Device
-	for i := range 200 {
-		devs = append(devs, healthy(fmt.Sprintf("d%03d", i), int64(i%2)))
+	for i := range nDevices {
+		devs = append(devs, healthy(fmt.Sprintf("d%02d", i), int64(i%2)))
+	}
+	allIDs := make([]string, 0, nDevices)
+	for _, d := range devs {
+		allIDs = append(allIDs, d.ID)
 	}
 	pl := e.plugin(t, "p.sock", resGPU, nil, devs...)
+
+	// owner is the test's own account of who holds each device. A pod's
+	// devices enter it once its admission returns, and leave it before the
+	// pod leaves the active list: only from then on may the manager hand
+	// them to someone else. A device found in another pod's hands while it
+	// is still in owner was given out twice.
+	var ownerMu sync.Mutex
+	owner := map[string]string{}
+	claim := func(uid string, held []string) {
+		ownerMu.Lock()
+		defer ownerMu.Unlock()
+		for _, id := range held {
+			if prev, taken := owner[id]; taken {
+				assert.Failf(t, "device held twice", "%s was given to %s while %s holds it", id, uid, prev)
+			}
+			owner[id] = uid
+		}
+	}
+	retire := func(live []*admission) {
+		ownerMu.Lock()
+		for _, a := range live {
+			for _, id := range a.held {
+				delete(owner, id)
+			}
+			a.retired = true
+		}
+		ownerMu.Unlock()
+		uids := make([]string, 0, len(live))
+		for _, a := range live {
+			uids = append(uids, a.uid)
+		}
+		e.pods.remove(uids...)
+	}
+
 	var wg sync.WaitGroup
-	stop := make(chan struct{})
+	// Health: one device at a time is reported unhealthy, so capacity is
+	// always nDevices and allocatable nDevices or nDevices-1.
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -34,48 +99,169 @@ func TestConcurrentUse(t *testing.T) {
 			pl.update(d...)
 		}
 	}()
-	for w := range 4 {
+	// Updates() is drained while the workers run; it may only name pods
+	// that were admitted.
+	notified := sets.New[string]()
+	stopUpdates := make(chan struct{})
+	updatesDone := make(chan struct{})
+	go func() {
+		defer close(updatesDone)
+		for {
+			select {
+			case u := <-e.mgr.Updates():
+				notified.Insert(u.PodUIDs...)
+			case <-stopUpdates:
+				return
+			}
+		}
+	}()
+
+	results := make([][]*admission, workers)
+	for w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
+			var live []*admission
+			for i := range rounds {
+				if i > 0 && i%retireEvery == 0 {
+					retire(live)
+					e.mgr.UpdateAllocatedDevices()
+					for _, a := range live {
+						assert.Empty(t, e.mgr.GetDevices(a.uid, "c"), "%s still holds devices after it left and GC ran", a.uid)
+					}
+					live = nil
 				}
-				p := pod(fmt.Sprintf("w%d-%d", w, i), ctr("c", resGPU, 1))
-				_ = e.allocate(p, "c")
-				_ = e.mgr.GetTopologyHints(p, &p.Spec.Containers[0])
-				_ = e.mgr.GetPodTopologyHints(p)
-				_, _, _ = e.mgr.GetCapacity()
-				_ = e.mgr.GetAllocatableDevices()
-				_ = e.mgr.GetDevices(string(p.UID), "c")
-				_, _ = e.runOptions(p, "c")
+				a := &admission{uid: fmt.Sprintf("w%d-%02d", w, i), want: i%3 + 1}
+				results[w] = append(results[w], a)
+				p := pod(a.uid, ctr("c", resGPU, a.want))
+				a.err = e.allocate(p, "c")
+				a.held = ids(e.mgr, a.uid, "c", resGPU)
+
+				c, al, _ := e.mgr.GetCapacity()
+				cq, aq := c[v1.ResourceName(resGPU)], al[v1.ResourceName(resGPU)]
+				assert.Equal(t, int64(nDevices), cq.Value(), "capacity")
+				assert.Contains(t, []int64{nDevices - 1, nDevices}, aq.Value(), "allocatable")
+				assert.Contains(t, []int{nDevices - 1, nDevices}, len(e.mgr.GetAllocatableDevices()[resGPU]), "allocatable devices")
+				assert.Contains(t, e.mgr.GetPodTopologyHints(p), resGPU)
+				hints := e.mgr.GetTopologyHints(p, &p.Spec.Containers[0])
+				assert.Contains(t, hints, resGPU)
 				st := &v1.PodStatus{ContainerStatuses: []v1.ContainerStatus{{Name: "c"}}}
 				e.mgr.UpdateAllocatedResourcesStatus(p, st)
 				_ = e.mgr.UpdatePluginResources(v1.ResourceList{}, p)
-				if i%5 == 0 {
-					e.pods.set()
-					e.mgr.UpdateAllocatedDevices()
+
+				if a.err != nil {
+					assert.ErrorIs(t, a.err, devicemanager.ErrInsufficientDevices, "%s", a.uid)
+					assert.Empty(t, a.held, "%s was refused but holds devices", a.uid)
+					assert.Empty(t, st.ContainerStatuses[0].AllocatedResourcesStatus, "%s", a.uid)
+					continue
 				}
-				if i > 30 {
-					return
+				if !assert.Len(t, a.held, a.want, "%s", a.uid) {
+					continue
+				}
+				claim(a.uid, a.held)
+				live = append(live, a)
+				assert.NotEmpty(t, hints[resGPU], "%s: no hint for the devices it holds", a.uid)
+				opts, err := e.runOptions(p, "c")
+				if assert.NoError(t, err, "%s", a.uid) && assert.NotNil(t, opts, "%s", a.uid) {
+					assert.Equal(t, []devicemanager.EnvVar{{Name: "DEVICES_vendor_com_gpu", Value: strings.Join(a.held, ",")}}, opts.Envs,
+						"%s: the plugin's answer is not for the devices it holds", a.uid)
+				}
+				if rs := st.ContainerStatuses[0].AllocatedResourcesStatus; assert.Len(t, rs, 1, "%s", a.uid) {
+					var got []string
+					for _, h := range rs[0].Resources {
+						got = append(got, string(h.ResourceID))
+					}
+					assert.Equal(t, a.held, sortedCopy(got), "%s: status lists other devices", a.uid)
 				}
 			}
 		}()
 	}
 	wg.Wait()
-	close(stop)
-	e.waitCapacity(t, resGPU, 200, 199)
-	for {
-		select {
-		case <-e.mgr.Updates():
-			continue
-		default:
+	close(stopUpdates)
+	<-updatesDone
+
+	// The plugin's last list (d19 unhealthy) is applied before going on.
+	e.waitAllocatable(t, resGPU, slices.DeleteFunc(slices.Clone(allIDs), func(id string) bool { return id == "d19" })...)
+	e.mgr.UpdateAllocatedDevices()
+
+	admitted := sets.New[string]()
+	live := map[string][]string{}
+	var refused int
+	for _, rs := range results {
+		for _, a := range rs {
+			got := ids(e.mgr, a.uid, "c", resGPU)
+			switch {
+			case a.err != nil:
+				refused++
+				assert.Empty(t, got, "refused %s holds devices", a.uid)
+			case a.retired:
+				admitted.Insert(a.uid)
+				assert.Empty(t, got, "retired %s holds devices", a.uid)
+			default:
+				admitted.Insert(a.uid)
+				live[a.uid] = a.held
+				assert.Equal(t, a.held, got, "%s: devices changed after admission", a.uid)
+			}
 		}
-		break
 	}
+	// The last round of each worker asks for 21 devices and keeps them:
+	// 84 > 40, so some admissions must have been refused.
+	assert.NotZero(t, refused, "no admission was refused")
+	require.NotEmpty(t, live, "no pod holds devices")
+	assert.True(t, admitted.IsSuperset(notified), "Updates() named pods never admitted: %v", sets.List(notified.Difference(admitted)))
+	holder := map[string]string{}
+	for uid, held := range live {
+		for _, id := range held {
+			if prev, ok := holder[id]; ok {
+				t.Errorf("device %s held by both %s and %s", id, prev, uid)
+			}
+			holder[id] = uid
+		}
+	}
+	t.Logf("%d admitted, %d refused; %d live pods hold %d devices", admitted.Len(), refused, len(live), len(holder))
+
+	// A change of the healthy set writes the checkpoint: it lists exactly
+	// the live pods, each with its devices.
+	pl.update(devs...)
+	e.waitAllocatable(t, resGPU, allIDs...)
+	var entries []checkpoint.PodDevicesEntry
+	require.Eventually(t, func() bool {
+		var reg map[string][]string
+		var ok bool
+		entries, reg, ok = tryReadCheckpoint(e.dir)
+		return ok && len(reg[resGPU]) == nDevices
+	}, waitFor, tick, "checkpoint not written after the healthy set changed")
+	inFile := map[string][]string{}
+	for _, en := range entries {
+		require.Equal(t, "c", en.ContainerName)
+		inEntry := sets.New[string]()
+		for _, list := range en.DeviceIDs {
+			inEntry.Insert(list...)
+		}
+		inFile[en.PodUID] = sets.List(inEntry)
+	}
+	assert.Equal(t, live, inFile, "checkpoint entries are not the live pods' devices")
+
+	// The free devices are exactly those no live pod holds.
+	free := nDevices - len(holder)
+	over := pod("over", ctr("c", resGPU, free+1))
+	err := e.allocate(over, "c")
+	require.Error(t, err)
+	assert.ErrorIs(t, err, devicemanager.ErrInsufficientDevices)
+	assert.Contains(t, err.Error(), fmt.Sprintf("Requested: %d, Available: %d", free+1, free))
+	assert.Empty(t, e.mgr.GetDevices("over", "c"))
+
+	// With every live pod gone, one pod can take every device.
+	var rest []*admission
+	for uid, held := range live {
+		rest = append(rest, &admission{uid: uid, held: held})
+	}
+	retire(rest)
+	require.NoError(t, e.allocate(pod("all", ctr("c", resGPU, nDevices)), "c"))
+	assert.Equal(t, allIDs, ids(e.mgr, "all", "c", resGPU))
+	entries, _ = readCheckpoint(t, e.dir)
+	require.Len(t, entries, 1)
+	assert.Equal(t, "all", entries[0].PodUID)
 }
 
 // DESIGN difference 1 (upstream PR #137534): a pending reservation survives a
