@@ -26,8 +26,10 @@ func fourGPUs() []*pluginapi.Device {
 	return []*pluginapi.Device{healthy("d3"), healthy("d1"), healthy("d0"), healthy("d2")}
 }
 
-// SPEC 3.1-3.3 happy path; DESIGN difference 3 (sorted IDs in requests);
-// DESIGN: checkpoint written before Allocate returns.
+// The ordinary admission: the plugin's Allocate gets the picked IDs, sorted
+// (the kubelet sends them in map order), the checkpoint holds the record
+// before Allocate returns, a second admission of the same container makes no
+// call, and other pods get other devices until none is left.
 func TestAllocateBasic(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -68,8 +70,9 @@ func TestAllocateBasic(t *testing.T) {
 	assert.Empty(t, e.mgr.GetDevices("u3", "c"))
 }
 
-// DESIGN "further rules": an extended resource nobody registered and that
-// holds no allocation is ignored, unless Options.RequirePlugin names it.
+// An extended resource that no plugin registered and that holds no
+// allocation is ignored at admission, as the kubelet does (admins advertise
+// such resources by hand), unless Options.RequirePlugin names it.
 func TestAllocateUnregisteredResource(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -98,8 +101,9 @@ func TestAllocateUnregisteredResource(t *testing.T) {
 	}
 }
 
-// SPEC 3.10: a resource that still holds allocations stays a device-plugin
-// resource after its plugin is gone and removed.
+// A resource that still holds allocations stays a device-plugin resource
+// after its plugin is gone and the grace period removed it: a new pod asking
+// for it is refused, not started without the device.
 func TestAllocateResourceGoneAfterGrace(t *testing.T) {
 	e := newEnv(t, func(o *devicemanager.Options) { o.StopGracePeriod = time.Minute })
 	e.start(t)
@@ -117,7 +121,9 @@ func TestAllocateResourceGoneAfterGrace(t *testing.T) {
 	assert.Contains(t, err.Error(), "cannot allocate unregistered device vendor.com/gpu")
 }
 
-// SPEC 3.3 step 4, including the zero-quantity note.
+// A registered resource with no healthy device refuses admission, even for
+// a request of zero devices (the kubelet checks health even when nothing is
+// to be picked).
 func TestAllocateNoHealthyDevices(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -137,14 +143,16 @@ func TestAllocateNoHealthyDevices(t *testing.T) {
 	assert.Empty(t, e.mgr.GetDevices("z", "c"))
 }
 
-// SPEC 3.3 step 1.
+// A container admitted again with a different count is refused; its record
+// stays as it was.
 func TestAllocateChangedRequest(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
 	pl := e.plugin(t, "p.sock", resGPU, nil, fourGPUs()...)
 	require.NoError(t, e.allocate(pod("u1", ctr("c", resGPU, 1)), "c"))
-	// Same pod UID and container, different request; checked even when no
-	// device is healthy (error order of SPEC 12.4).
+	// Same pod UID and container, different request; the kubelet checks
+	// this first, before any health check, so it is the error even when no
+	// device is healthy.
 	pl.update(unhealthy("d0"), unhealthy("d1"), unhealthy("d2"), unhealthy("d3"))
 	e.waitCapacity(t, resGPU, 4, 0)
 	err := e.allocate(pod("u1", ctr("c", resGPU, 2)), "c")
@@ -154,7 +162,8 @@ func TestAllocateChangedRequest(t *testing.T) {
 	assert.Len(t, ids(e.mgr, "u1", "c", resGPU), 1, "a failed re-admission dropped the earlier record")
 }
 
-// SPEC 3.3 step 5.
+// A container whose recorded devices turned unhealthy is refused when it is
+// admitted again, and passes with no new plugin call once they are back.
 func TestAllocatePreviouslyAllocatedUnhealthy(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -181,7 +190,8 @@ func TestAllocatePreviouslyAllocatedUnhealthy(t *testing.T) {
 	assert.Len(t, pl.allocateCalls(), 1)
 }
 
-// SPEC 3.2 step 7 + DESIGN difference 1: a failed plugin call rolls back.
+// A failed plugin Allocate rolls back the devices picked for it: no record,
+// nothing in the checkpoint, and the devices are free again.
 func TestAllocatePluginErrorRollsBack(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -204,7 +214,8 @@ func TestAllocatePluginErrorRollsBack(t *testing.T) {
 	}
 }
 
-// SPEC 3.2 step 8: zero container responses is an error; DESIGN: all or nothing.
+// A plugin answer with no container response is an error (the kubelet's
+// text), and the admission leaves nothing behind.
 func TestAllocateEmptyResponse(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -220,8 +231,8 @@ func TestAllocateEmptyResponse(t *testing.T) {
 	require.NoError(t, e.allocate(pod("u2", ctr("c", resGPU, 2)), "c"))
 }
 
-// DESIGN "further rules": admission of a container is all or nothing across
-// its resources, whichever resource fails and in whichever order.
+// Admission of a container is all or nothing across its resources, whichever
+// resource fails and in whichever order.
 func TestAllocateAllOrNothing(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -258,7 +269,8 @@ func TestAllocateAllOrNothing(t *testing.T) {
 	assert.NotEmpty(t, gpu.allocateCalls())
 }
 
-// Options.CallTimeout bounds the plugin's Allocate; DESIGN difference 5.
+// Options.CallTimeout bounds the plugin's Allocate (the kubelet waits as long
+// as the caller's context allows).
 func TestAllocateCallTimeout(t *testing.T) {
 	e := newEnv(t, func(o *devicemanager.Options) { o.CallTimeout = 200 * time.Millisecond })
 	e.start(t)
@@ -285,9 +297,9 @@ func TestAllocateCallTimeout(t *testing.T) {
 	require.NoError(t, e.allocate(pod("u2", ctr("c", resGPU, 1)), "c"))
 }
 
-// DESIGN data flow 3 + difference 5: the lock is dropped for the plugin's
-// Allocate: a hung plugin stalls only its own resource, and a pending
-// reservation is not handed to anyone else.
+// The manager does not hold its lock across the plugin's Allocate: a hung
+// plugin stalls only its own resource, and the devices reserved for the
+// pending call are not handed to anyone else.
 func TestHungPluginStallsOnlyItsResource(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -347,7 +359,9 @@ func TestHungPluginStallsOnlyItsResource(t *testing.T) {
 	assert.NotEqual(t, a, b, "the pending reservation was handed out twice")
 }
 
-// SPEC 3.1 + 10.2 TestInitContainerDeviceAllocation.
+// Devices of regular init containers are reused by the containers after
+// them: each init container's set contains the app containers' sets, and
+// the app containers' sets are disjoint.
 func TestInitContainerReuse(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -374,7 +388,9 @@ func TestInitContainerReuse(t *testing.T) {
 	require.NoError(t, e.allocate(pod("u2", ctr("c", resGPU, 2)), "c"))
 }
 
-// SPEC 3.1 + 10.2 TestRestartableInitContainerDeviceAllocation.
+// Sidecars (restartable init containers) may take devices of a regular init
+// container before them, but keep theirs: sidecars and app containers never
+// share a device.
 func TestSidecarReuse(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -401,7 +417,9 @@ func TestSidecarReuse(t *testing.T) {
 	}
 }
 
-// SPEC 3.3 step 7 / 3.6 and 10.4 TestGetPreferredAllocationParameters.
+// What GetPreferredAllocation is asked: the candidate devices (sorted), the
+// devices already picked as must-include, and the full request as the size;
+// what it answers is honoured where it names candidates.
 func TestGetPreferredAllocationParameters(t *testing.T) {
 	prefOpts := &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: true}
 
@@ -437,9 +455,10 @@ func TestGetPreferredAllocationParameters(t *testing.T) {
 		assert.NotContains(t, got, "bogus")
 	})
 
-	// Unlike the kubelet (SPEC 3.6), a failing GetPreferredAllocation is
-	// logged and means "no preference" (issue 4; NVIDIA k8s-device-plugin
-	// #231: one broken card failed every pod on the node).
+	// The kubelet fails the admission when GetPreferredAllocation fails;
+	// devmgr logs it and allocates without a preference, since the answer
+	// is only a hint (NVIDIA k8s-device-plugin #231: one broken card failed
+	// every pod on the node).
 	t.Run("preferred rpc error", func(t *testing.T) {
 		e := newEnv(t, nil)
 		e.start(t)
@@ -481,7 +500,10 @@ func (f fixedAffinity) GetAffinity(string, string) topologyHint {
 	return hintOf(true, f.nodes...)
 }
 
-// SPEC 3.3 step 7d/7e and 3.5 with an AffinityStore.
+// Selection with an AffinityStore, in the kubelet's order: when fewer
+// devices are needed than the affinity's nodes offer, the plugin chooses
+// among those; otherwise all of them are taken first and the plugin, then
+// the devices on other nodes, then those without topology, fill the rest.
 func TestAlignedAllocation(t *testing.T) {
 	devs := []*pluginapi.Device{
 		healthy("n0a", 0), healthy("n0b", 0), healthy("n0c", 0),
@@ -551,7 +573,8 @@ func TestAlignedAllocation(t *testing.T) {
 	})
 }
 
-// DESIGN difference 3: every ID list sent to a plugin is sorted.
+// Every ID list sent to a plugin is sorted (the kubelet sends map order), so
+// the same state always makes the same calls.
 func TestPluginRequestsSortedIDs(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -582,7 +605,7 @@ func TestPluginRequestsSortedIDs(t *testing.T) {
 	assert.Len(t, calls[0].DevicesIds, 7)
 }
 
-// SPEC 3.2: only limits count; requests are ignored.
+// Only limits count: a request without a limit asks for no device.
 func TestAllocateIgnoresRequestsWithoutLimits(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -593,7 +616,8 @@ func TestAllocateIgnoresRequestsWithoutLimits(t *testing.T) {
 	assert.Empty(t, pl.allocateCalls())
 }
 
-// SPEC 3.2 step 1: DRA-backed extended resources are skipped.
+// An extended resource that the pod's status maps to a DRA claim, for this
+// container, is left to DRA: no device-plugin allocation.
 func TestAllocateSkipsDRAExtendedResources(t *testing.T) {
 	e := newEnv(t, func(o *devicemanager.Options) { o.RequirePlugin = []string{"example.com/*"} })
 	e.start(t)
@@ -619,7 +643,8 @@ func TestAllocateSkipsDRAExtendedResources(t *testing.T) {
 	assert.ErrorIs(t, err, devicemanager.ErrUnregisteredResource)
 }
 
-// SPEC 3.2 step 3: Allocate garbage-collects pods that are no longer active.
+// Allocate first garbage-collects pods that are no longer active, so their
+// devices can be given out.
 func TestAllocateCollectsInactivePods(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -631,7 +656,8 @@ func TestAllocateCollectsInactivePods(t *testing.T) {
 	assert.Len(t, ids(e.mgr, "new", "c", resGPU), 2)
 }
 
-// SPEC 3.1 step 1: the reuse pool only holds the pod being admitted.
+// The reuse pool only holds the pod being admitted: admitting another pod in
+// between empties it, so A's app does not get A's init device.
 func TestReusePoolResetByAnotherPod(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -646,7 +672,8 @@ func TestReusePoolResetByAnotherPod(t *testing.T) {
 	assert.Empty(t, initIDs.Intersection(appIDs), "A's app reused its init device after another pod was admitted")
 }
 
-// SPEC 3.3 step 7b: "Requested" in the message is what remains after reuse.
+// "Requested" in the refusal is what remains to find after the reused
+// devices, as in the kubelet's message.
 func TestInsufficientMessageCountsAfterReuse(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -661,7 +688,8 @@ func TestInsufficientMessageCountsAfterReuse(t *testing.T) {
 	assert.Empty(t, e.mgr.GetDevices("u1", "app"))
 }
 
-// SPEC 3.3 notes: extra preferred IDs: an arbitrary subset is taken.
+// When the plugin prefers more devices than needed, a subset of them is
+// taken.
 func TestPreferredMoreThanNeededTakesASubset(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -675,7 +703,7 @@ func TestPreferredMoreThanNeededTakesASubset(t *testing.T) {
 	assert.Subset(t, []string{"d1", "d2", "d3"}, got)
 }
 
-// SPEC 3.2 step 8: only the first container response is used.
+// Only the first container response of the plugin's answer is used.
 func TestAllocateExtraContainerResponsesIgnored(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -693,7 +721,7 @@ func TestAllocateExtraContainerResponsesIgnored(t *testing.T) {
 	assert.Equal(t, []devicemanager.EnvVar{{Name: "FIRST", Value: "1"}}, o.Envs)
 }
 
-// DESIGN difference 5: a hung GetPreferredAllocation stalls only its resource.
+// A hung GetPreferredAllocation stalls only its own resource.
 func TestHungPreferredStallsOnlyItsResource(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)

@@ -25,7 +25,9 @@ import (
 
 const fixtures = "../../testdata/kubelet-checkpoints"
 
-// SPEC 11 worked example.
+// sampleBytes is the kubelet's file for one record (pod-uid-1/ctr, two
+// devices on NUMA node 0, an Allocate response with env A=1) and three
+// registered devices, as the kubelet wrote it (the fixture "sample").
 var sampleBytes = `{"Data":{"PodDeviceEntries":[{"PodUID":"pod-uid-1","ContainerName":"ctr","ResourceName":"example.com/dev","DeviceIDs":{"0":["dev-0","dev-1"]},"AllocResp":"CgYKAUESATE="}],"RegisteredDevices":{"example.com/dev":["dev-0","dev-1","dev-2"]}},"Checksum":648430460}`
 
 func sampleEntry() checkpoint.PodDevicesEntry {
@@ -36,7 +38,7 @@ func sampleEntry() checkpoint.PodDevicesEntry {
 	}
 }
 
-func TestCheckpointWorkedExample(t *testing.T) {
+func TestCheckpointMatchesKubeletSampleBytes(t *testing.T) {
 	cp := checkpoint.New([]checkpoint.PodDevicesEntry{sampleEntry()}, map[string][]string{"example.com/dev": {"dev-0", "dev-1", "dev-2"}})
 	b, err := cp.MarshalCheckpoint()
 	require.NoError(t, err)
@@ -50,7 +52,8 @@ func TestCheckpointWorkedExample(t *testing.T) {
 	assert.Equal(t, map[string]string{"A": "1"}, resp.Envs)
 }
 
-// SPEC 6.3 reference checksums; nil vs empty matters.
+// Checksums the kubelet computes for small documents; a nil list and an
+// empty one hash differently.
 func TestCheckpointReferenceChecksums(t *testing.T) {
 	cases := []struct {
 		name    string
@@ -183,7 +186,8 @@ func TestCheckpointErrors(t *testing.T) {
 	})
 }
 
-// SPEC 6.1/6.5 and 10.6: key validation, list, remove.
+// The store's key rules (the kubelet's), listing (dot files are temporary
+// and not listed) and removal (of a missing key too).
 func TestCheckpointStoreKeys(t *testing.T) {
 	dir := tempDir(t)
 	cm, err := checkpoint.NewManager(dir)
@@ -205,9 +209,11 @@ func TestCheckpointStoreKeys(t *testing.T) {
 	assert.ErrorIs(t, cm.GetCheckpoint("id1", checkpoint.New(nil, nil)), checkpoint.ErrNotFound)
 }
 
-// DESIGN "further rules" + difference 3: what the manager writes after an
-// admission: entries sorted by (pod, container, resource), IDs sorted,
-// RegisteredDevices = healthy IDs, deterministic protobuf, NUMA keys.
+// What the manager writes after admissions: entries sorted by (pod,
+// container, resource), IDs sorted, RegisteredDevices the healthy IDs, the
+// plugin's answers in deterministic protobuf, each device under its NUMA
+// nodes (-1 without topology). The kubelet writes map order, so the same
+// state can give different files; devmgr always writes the same bytes.
 func TestCheckpointContentAfterAdmission(t *testing.T) {
 	e := newEnv(t, func(o *devicemanager.Options) { o.NUMANodes = []int{0, 1} })
 	e.start(t)
@@ -328,8 +334,9 @@ func TestManagerStartsOnKubeletFixtures(t *testing.T) {
 		{"reformatted", true, 0},
 		{"legacy-v1-valid", true, -1},
 		{"empty", false, 0},
-		// Bad files: unlike the kubelet (SPEC 6.6), devmgr moves them aside
-		// for inspection (issue 4): kubelet_internal_checkpoint.bad-<unix time>.
+		// Bad files: the kubelet starts empty and overwrites them on its
+		// next write; devmgr moves them aside for inspection, as
+		// kubelet_internal_checkpoint.bad-<unix time>.
 		{"corrupt", false, 0},
 		{"badjson", false, 0},
 		{"legacy-v1", false, 0},
@@ -376,8 +383,8 @@ func TestManagerStartsOnKubeletFixtures(t *testing.T) {
 	}
 }
 
-// DESIGN checkpoint: MarshalCheckpoint encodes exactly the data given, in
-// order (nil stays null).
+// MarshalCheckpoint encodes exactly the data given, in the order given (nil
+// stays null), and the document reads back to the same entries.
 func TestCheckpointEncodesDataAsGiven(t *testing.T) {
 	b, err := checkpoint.New(nil, nil).MarshalCheckpoint()
 	require.NoError(t, err)
@@ -396,7 +403,8 @@ func TestCheckpointEncodesDataAsGiven(t *testing.T) {
 }
 
 // The checkpoint keeps a registered resource with no healthy device as an
-// empty list (SPEC 6.2), including one restored from a checkpoint.
+// empty list, as the kubelet does, including one restored from a
+// checkpoint whose plugin is not back.
 func TestCheckpointKeepsUnhealthyResourceAsEmptyList(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)

@@ -264,8 +264,9 @@ func TestConcurrentAdmissionsNeverShareADevice(t *testing.T) {
 	assert.Equal(t, "all", entries[0].PodUID)
 }
 
-// DESIGN difference 1 (upstream PR #137534): a pending reservation survives a
-// concurrent garbage collection that rebuilds the in-use set.
+// A pending reservation survives a garbage collection that rebuilds the
+// in-use set while the plugin's Allocate is in flight (the kubelet can hand
+// the same device to two pods there: upstream PR #137534).
 func TestPendingReservationSurvivesGC(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)

@@ -19,7 +19,7 @@ import (
 	"github.com/openkubelet/devmgr/devicemanager"
 )
 
-// DESIGN stable surface: NewManagerImpl errs for a relative dir and touches no files.
+// NewManagerImpl refuses a relative directory and touches no file.
 func TestNewManagerImplRejectsRelativeDirs(t *testing.T) {
 	abs := tempDir(t)
 	cases := []struct {
@@ -142,7 +142,7 @@ func TestStartRemovesStaleSocketsKeepsFiles(t *testing.T) {
 	e.waitCapacity(t, resGPU, 1, 1)
 }
 
-// DESIGN difference 9: getters are safe before Start and after Stop.
+// Every getter is safe before Start and after Stop, and answers "nothing".
 func TestGettersBeforeStartAndAfterStop(t *testing.T) {
 	e := newEnv(t, nil)
 	m, err := devicemanager.NewManagerImpl(e.opts)
@@ -198,8 +198,9 @@ func TestHealthCheckWhileServing(t *testing.T) {
 	assert.NoError(t, m.HealthCheck())
 }
 
-// ShouldResetExtendedResourceCapacity: true iff the checkpoint dir has no
-// non-dot entries (SPEC 2.4).
+// ShouldResetExtendedResourceCapacity is true exactly when the checkpoint
+// directory has no entry whose name does not start with a dot, as in the
+// kubelet (so kubelet.sock in a shared directory counts).
 func TestShouldResetExtendedResourceCapacity(t *testing.T) {
 	t.Run("separate empty checkpoint dir", func(t *testing.T) {
 		e := newEnv(t, func(o *devicemanager.Options) { o.CheckpointDir = filepath.Join(o.SocketDir, "ck") })
@@ -232,7 +233,8 @@ func errorsIsAny(err error, targets ...error) bool {
 	return false
 }
 
-// DESIGN Start: nil activePods and sourcesReady mean no pods, always ready.
+// Start with nil arguments: no active pods, sources always ready, nothing
+// running.
 func TestStartNilArguments(t *testing.T) {
 	dir := tempDir(t)
 	m, err := devicemanager.NewManagerImpl(devicemanager.Options{SocketDir: dir})

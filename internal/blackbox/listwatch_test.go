@@ -18,8 +18,8 @@ import (
 	"github.com/openkubelet/devmgr/devicemanager"
 )
 
-// SPEC 3.7 / 10.2 TestUpdateCapacityAllocatable: each message replaces the
-// resource's device set; "Healthy" (exact) is healthy, anything else is not.
+// Each ListAndWatch message replaces the resource's device set; "Healthy"
+// (exactly) is healthy, anything else is not.
 func TestListAndWatchReplacesDeviceSet(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -73,9 +73,10 @@ func TestCapacityQuantityFormat(t *testing.T) {
 	assert.Equal(t, "2", qa.String())
 }
 
-// SPEC 2.4 GetCapacity + 3.8: disconnect keeps the resource (allocatable 0)
-// for the grace period, strict >, then removes it once and rewrites the
-// checkpoint; disconnect itself writes nothing (SPEC 6.6).
+// When the plugin disconnects its resource stays (allocatable 0) for the
+// grace period; GetCapacity removes it once the period is strictly exceeded,
+// reports it once, and rewrites the checkpoint. The disconnect itself
+// writes nothing, as in the kubelet.
 func TestGracePeriodRemovesResourceOnce(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -142,8 +143,8 @@ func TestReRegisterWithinGrace(t *testing.T) {
 	e.waitCapacity(t, resGPU, 3, 3)
 }
 
-// DESIGN difference 10: ListAndWatch messages above the kubelet's 4 MiB are
-// accepted by default (64 MiB).
+// ListAndWatch messages above the kubelet's limit of 4 MiB are accepted by
+// default (64 MiB), for plugins with tens of thousands of devices.
 func TestLargeDeviceListAccepted(t *testing.T) {
 	if testing.Short() {
 		t.Skip("large list")
@@ -160,8 +161,9 @@ func TestLargeDeviceListAccepted(t *testing.T) {
 	e.waitCapacity(t, resGPU, n, n)
 }
 
-// DESIGN difference 7: a message that leaves the healthy set unchanged costs
-// no write; one that changes it does.
+// A message that leaves the healthy set unchanged costs no checkpoint write
+// (the kubelet writes after every message, and many plugins resend the same
+// list every few seconds); one that changes it is written.
 func TestCheckpointNotRewrittenForSameHealthySet(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -202,8 +204,8 @@ func sortedCopy(s []string) []string {
 	return out
 }
 
-// SPEC 2.4 GetCapacity/GetAllocatableDevices: a resource whose plugin lists
-// no device stays listed with zero.
+// A resource whose plugin lists no device stays listed, with zero, in
+// GetCapacity and GetAllocatableDevices.
 func TestEmptyDeviceListKeepsResource(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)

@@ -24,7 +24,7 @@ import (
 	"github.com/openkubelet/devmgr/devicemanager"
 )
 
-// SPEC 7.3 step 2: only v1beta1 is accepted, with the kubelet's message.
+// Only v1beta1 is accepted, with the kubelet's message.
 func TestRegisterRejectsUnsupportedVersion(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -41,7 +41,9 @@ func TestRegisterRejectsUnsupportedVersion(t *testing.T) {
 	assert.False(t, listed)
 }
 
-// SPEC 7.3 step 3: IsExtendedResourceName.
+// The resource name must be an extended resource name, by the kubelet's
+// rules: a domain outside kubernetes.io, not "requests.", a valid
+// qualified name.
 func TestRegisterResourceNameRules(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -88,8 +90,9 @@ func TestRegisterResourceNameRules(t *testing.T) {
 	}
 }
 
-// DESIGN difference 4: RegisterRequest.Endpoint must be a bare file name,
-// even when the path it names holds a serving plugin.
+// RegisterRequest.Endpoint must be a bare file name, even when the path it
+// names holds a serving plugin (the kubelet joins it to the socket directory
+// unchecked, so ".." leaves the directory).
 func TestRegisterEndpointMustBeBareFileName(t *testing.T) {
 	root := tempDir(t)
 	sockDir := filepath.Join(root, "dp")
@@ -113,8 +116,8 @@ func TestRegisterEndpointMustBeBareFileName(t *testing.T) {
 	assert.False(t, listed)
 }
 
-// SPEC 7.3 step 5: RegisterRequest.Options is ignored; the options come from
-// GetDevicePluginOptions.
+// RegisterRequest.Options is ignored, as by the kubelet: the options come
+// from GetDevicePluginOptions.
 func TestRegisterOptionsFetchedByRPC(t *testing.T) {
 	t.Run("request says yes, plugin says no", func(t *testing.T) {
 		e := newEnv(t, nil)
@@ -156,7 +159,7 @@ func TestRegisterOptionsFetchedByRPC(t *testing.T) {
 	})
 }
 
-// SPEC 7.4: a dial failure is returned to the registering plugin.
+// A failed dial-back is returned to the registering plugin.
 func TestRegisterFailsWhenPluginNotServing(t *testing.T) {
 	e := newEnv(t, func(o *devicemanager.Options) { o.DialTimeout = 300 * time.Millisecond })
 	e.start(t)
@@ -169,8 +172,9 @@ func TestRegisterFailsWhenPluginNotServing(t *testing.T) {
 	e.plugin(t, "p.sock", resGPU, nil, healthy("d0"))
 }
 
-// DESIGN difference 6: re-registering on the same socket replaces the old
-// connection; the old stream's end must not stop the live endpoint.
+// Re-registering on the same socket replaces the old connection (the
+// kubelet refuses it); the old stream's end must not stop the live
+// endpoint.
 func TestReRegisterSameSocketReplacesConnection(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -213,8 +217,9 @@ func TestPluginRestartOnSameSocket(t *testing.T) {
 	assert.Len(t, p2.allocateCalls(), 1)
 }
 
-// SPEC 10.2 TestDevicePluginReRegistration: several instances of one resource;
-// the latest full list wins.
+// Several instances of one resource on different sockets: the newest is the
+// one called, the latest full list wins, and losing one keeps the
+// resource.
 func TestMultipleInstancesLatestListWins(t *testing.T) {
 	for _, opts := range []*pluginapi.DevicePluginOptions{
 		{}, {PreStartRequired: true}, {GetPreferredAllocationAvailable: true},
@@ -256,7 +261,7 @@ func TestMultipleInstancesLatestListWins(t *testing.T) {
 	}
 }
 
-// DESIGN "further rules": no re-dial after the stream ends; the plugin
+// No re-dial after the stream ends, as in the kubelet: the plugin
 // re-registers, and that is accepted at any time.
 func TestStreamEndNoRedialReRegisterAccepted(t *testing.T) {
 	e := newEnv(t, nil)
@@ -280,7 +285,8 @@ func keys[V any](m map[string]V) []string {
 	return out
 }
 
-// SPEC 3.8: options are fetched inside Register; a failure is returned.
+// The options are fetched inside Register; a failure is returned to the
+// plugin and nothing is registered.
 func TestRegisterFailsWhenOptionsCallFails(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -295,9 +301,9 @@ func TestRegisterFailsWhenOptionsCallFails(t *testing.T) {
 	assert.Equal(t, 0, p.streamCount())
 }
 
-// SPEC 7.4.5: several resources may share one plugin socket; registering
-// the second must not replace the first one's connection (DESIGN diff. 6 is
-// per resource and socket).
+// Several resources may share one plugin socket; registering the second
+// must not replace the first one's connection (a connection is replaced
+// only by the same resource on the same socket).
 func TestResourcesShareOneSocket(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -316,8 +322,8 @@ func TestResourcesShareOneSocket(t *testing.T) {
 	e.waitCapacity(t, resNIC, 1, 1)
 }
 
-// SPEC 7.4 step 2: the dial-back is bounded by DialTimeout and its failure
-// carries the kubelet's text.
+// The dial-back is bounded by DialTimeout and its failure carries the
+// kubelet's text.
 func TestRegisterDialTimeout(t *testing.T) {
 	e := newEnv(t, func(o *devicemanager.Options) { o.DialTimeout = 300 * time.Millisecond })
 	e.start(t)
@@ -359,8 +365,8 @@ func TestRegisterDialTimeout(t *testing.T) {
 	assert.Contains(t, status.Convert(err).Message(), "failed to dial device plugin")
 }
 
-// SPEC 3.8 (1.37, upstream #127803): an old instance's late disconnect does
-// not stop the newer instance of the same resource.
+// An old instance's late disconnect does not stop the newer instance of the
+// same resource (the kubelet's behaviour since 1.37, upstream #127803).
 func TestOldInstanceDisconnectKeepsNewInstance(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)

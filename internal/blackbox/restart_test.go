@@ -15,8 +15,11 @@ import (
 	"github.com/openkubelet/devmgr/podstate"
 )
 
-// DESIGN data flow 1 + SPEC 3.9: a new manager on the same directory
-// restores the allocations; Stop writes nothing.
+// A new manager on the same directory restores the allocations from the
+// checkpoint (Stop writes nothing). Until the plugin is back the resource
+// has capacity 0 and no hints; while sources are not ready a container
+// found running passes unchecked; once the plugin is back the container
+// passes with no new call.
 func TestCheckpointRestoreAfterRestart(t *testing.T) {
 	e := newEnv(t, func(o *devicemanager.Options) { o.NUMANodes = []int{0, 1}; o.StopGracePeriod = time.Minute })
 	m1 := e.start(t)
@@ -79,8 +82,8 @@ func TestCheckpointRestoreAfterRestart(t *testing.T) {
 	assert.Empty(t, removed)
 }
 
-// SPEC 3.9: a restored resource whose plugin never returns disappears after
-// the grace period.
+// A restored resource whose plugin never returns disappears after the grace
+// period; its allocation records stay.
 func TestRestoredResourceExpires(t *testing.T) {
 	dir := copyFixture(t, "sample")
 	e := newEnv(t, func(o *devicemanager.Options) { o.StopGracePeriod = time.Minute })
@@ -107,8 +110,8 @@ func TestRestoredResourceExpires(t *testing.T) {
 	assert.Len(t, entries, 1)
 }
 
-// SPEC 3.9: only containers found running skip the checks while sources are
-// not ready.
+// While sources are not ready only containers found running (a container ID
+// of theirs in the running set) skip the admission checks.
 func TestRestartNotRunningContainerChecked(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -129,9 +132,9 @@ func TestRestartNotRunningContainerChecked(t *testing.T) {
 	assert.NoError(t, e.allocate(p, "d"))
 }
 
-// SPEC 3.3 steps 1-2 at node restart, sources not ready: a changed request
-// is still refused; a running container without any record passes without
-// an RPC.
+// After a restart, sources not ready: a changed request is refused even for
+// a running container (the kubelet checks it first); a running container
+// without any record passes without a plugin call.
 func TestRestartRunningContainerSkipsChecksButNotRequestChange(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -151,8 +154,7 @@ func TestRestartRunningContainerSkipsChecksButNotRequestChange(t *testing.T) {
 	assert.Empty(t, e.mgr.GetDevices("u2", "c"))
 }
 
-// SPEC 3.9: restored allocations keep their devices in use once the plugin
-// is back.
+// Restored allocations keep their devices in use once the plugin is back.
 func TestRestoredAllocationsStayAllocated(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)

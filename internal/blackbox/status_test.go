@@ -17,8 +17,9 @@ import (
 	"github.com/openkubelet/devmgr/devicemanager"
 )
 
-// SPEC 2.4 UpdateAllocatedResourcesStatus; DESIGN rule: a device missing
-// from the list is Healthy.
+// UpdateAllocatedResourcesStatus fills the app containers' statuses with
+// their devices' health, replacing the entry of the same resource; a device
+// missing from the plugin's list is reported Healthy, as by the kubelet.
 func TestUpdateAllocatedResourcesStatus(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -71,9 +72,9 @@ func nextUpdate(t *testing.T, m *devicemanager.ManagerImpl) []string {
 	}
 }
 
-// SPEC 3.7: owners of devices whose health changed (or that came back) are
-// sent; vanished devices and unchanged lists send nothing; owner lookup is
-// per resource.
+// Updates() names the owners of devices whose health changed (or that came
+// back); vanished devices and unchanged lists name nobody; owners are looked
+// up per resource.
 func TestUpdatesDeliverOwningPods(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -117,7 +118,8 @@ func TestUpdatesDeliverOwningPods(t *testing.T) {
 	}
 }
 
-// DESIGN difference 8: a slow consumer loses no pod UID.
+// A slow consumer of Updates() loses no pod UID (the kubelet drops updates
+// once its buffer of 100 is full).
 func TestUpdatesNeverLoseUIDs(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -153,7 +155,8 @@ func TestUpdatesNeverLoseUIDs(t *testing.T) {
 	}, waitFor, tick, "lost %d pod UIDs", want.Difference(got).Len())
 }
 
-// SPEC 2.4 UpdatePluginResources / 10.2 TestUpdatePluginResources.
+// UpdatePluginResources raises allocatable to at least the devices allocated
+// node-wide, for a pod that holds devices; otherwise it changes nothing.
 func TestUpdatePluginResources(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -185,7 +188,8 @@ func TestUpdatePluginResources(t *testing.T) {
 	assert.Equal(t, orig, out, "pod without devices: unchanged")
 }
 
-// SPEC 7.6: the plugin-watcher path.
+// The plugin-watcher path: version and name validation with the kubelet's
+// messages, registration at the endpoint given, deregistration.
 func TestWatcherHandler(t *testing.T) {
 	e := newEnv(t, func(o *devicemanager.Options) { o.DialTimeout = 500 * time.Millisecond })
 	e.start(t)
@@ -222,9 +226,9 @@ func TestWatcherHandler(t *testing.T) {
 	e.waitCapacity(t, resGPU, 2, 2)
 }
 
-// SPEC 4.4: the podresources view: a device on two NUMA nodes reports both;
-// a device with an empty node list has no topology; values carry only the
-// topology.
+// GetDevices is the podresources view: a device on two NUMA nodes reports
+// both; a device with an empty node list has no topology; values carry only
+// the topology.
 func TestGetDevicesCarriesOnlyTopology(t *testing.T) {
 	e := newEnv(t, func(o *devicemanager.Options) { o.NUMANodes = []int{0, 1} })
 	e.start(t)
@@ -246,8 +250,8 @@ func TestGetDevicesCarriesOnlyTopology(t *testing.T) {
 	assert.Equal(t, []int64{1}, nodes("s"))
 	assert.Nil(t, got["e"].GetTopology())
 	for id, d := range got {
-		assert.Empty(t, d.GetID(), "%s: only Topology is set (SPEC 4.4)", id)
-		assert.Empty(t, d.GetHealth(), "%s: only Topology is set (SPEC 4.4)", id)
+		assert.Empty(t, d.GetID(), "%s: only Topology is set", id)
+		assert.Empty(t, d.GetHealth(), "%s: only Topology is set", id)
 	}
 	entries, _ := readCheckpoint(t, e.dir)
 	require.Len(t, entries, 1)
@@ -273,7 +277,7 @@ func TestGettersReturnCopies(t *testing.T) {
 	assert.Len(t, e.mgr.GetDevices("u1", "c")[resGPU], 1)
 }
 
-// SPEC 3.7 (a): a change of the Health string notifies, even between two
+// A change of the Health string notifies the owner, even between two
 // unhealthy values.
 func TestUpdatesOnAnyHealthStringChange(t *testing.T) {
 	e := newEnv(t, nil)

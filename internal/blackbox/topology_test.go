@@ -94,7 +94,9 @@ func TestDiscover(t *testing.T) {
 	assert.Equal(t, []int{0, 1, 3, 10}, got)
 }
 
-// SPEC 5.1/5.2/5.4 container-scope hints (machine NUMA {0,1}).
+// Container-scope hints on a machine with NUMA nodes {0,1}: nil means no
+// preference, an empty list that nothing fits; preferred hints are the
+// narrowest that could hold the request.
 func TestGetTopologyHints(t *testing.T) {
 	numa := func(o *devicemanager.Options) { o.NUMANodes = []int{0, 1} }
 
@@ -170,7 +172,7 @@ func TestGetTopologyHints(t *testing.T) {
 		require.NoError(t, e.allocate(p, "c"))
 		require.Equal(t, []string{"a", "b"}, ids(e.mgr, "u1", "c", resGPU))
 		// Regenerated from exactly the held devices; node 1 bears a device of
-		// the resource, so it is a candidate too (SPEC 5.4 step 1).
+		// the resource, so it is a candidate node too.
 		assert.Equal(t, []string{"0/P", "0,1/-"}, hintStrings(e.mgr.GetTopologyHints(p, &p.Spec.Containers[0])[resGPU]))
 		changed := pod("u1", ctr("c", resGPU, 3))
 		h := e.mgr.GetTopologyHints(changed, &changed.Spec.Containers[0])
@@ -183,7 +185,7 @@ func TestGetTopologyHints(t *testing.T) {
 	})
 }
 
-// DESIGN Options.NUMANodes: empty means no topology: no preference.
+// Without Options.NUMANodes the machine has no topology: no preference.
 func TestHintsWithoutMachineTopology(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -197,7 +199,7 @@ func TestHintsWithoutMachineTopology(t *testing.T) {
 	assert.Nil(t, h[resGPU])
 }
 
-// SPEC 5.4 step 1: NUMA ids the machine does not know are dropped.
+// NUMA nodes the machine does not know are dropped from the hints.
 func TestHintsDropUnknownNUMANodes(t *testing.T) {
 	e := newEnv(t, func(o *devicemanager.Options) { o.NUMANodes = []int{0, 1} })
 	e.start(t)
@@ -210,7 +212,8 @@ func TestHintsDropUnknownNUMANodes(t *testing.T) {
 	assert.Empty(t, h[resGPU])
 }
 
-// SPEC 5.4 step 3: hints account for the reuse pool.
+// Hints account for the devices the container can reuse from the pod's
+// init containers.
 func TestTopologyHintsWithReusableDevices(t *testing.T) {
 	e := newEnv(t, func(o *devicemanager.Options) { o.NUMANodes = []int{0, 1, 2, 3} })
 	e.start(t)
@@ -227,8 +230,8 @@ func TestTopologyHintsWithReusableDevices(t *testing.T) {
 	assert.Equal(t, []string{"0,1/P"}, hintStrings(e.mgr.GetTopologyHints(p, findContainer(p, "app2"))[resGPU]))
 }
 
-// DESIGN difference 2: a recorded device missing from the device list counts
-// as "no topology" (no panic in hints or allocation).
+// A recorded device missing from the device list counts as "no topology"
+// (the kubelet dereferences a nil device there).
 func TestMissingDevicesCountAsNoTopology(t *testing.T) {
 	e := newEnv(t, func(o *devicemanager.Options) { o.NUMANodes = []int{0, 1} })
 	e.start(t)
@@ -249,8 +252,8 @@ func TestMissingDevicesCountAsNoTopology(t *testing.T) {
 	e.mgr.UpdateAllocatedResourcesStatus(p, st)
 }
 
-// SPEC 5.3: pod scope, a pod that already holds devices gets the hints of
-// exactly those; a mismatch gives [].
+// Pod scope: a pod that already holds devices gets the hints of exactly
+// those; a request that no longer matches them gets [].
 func TestPodHintsRegeneratedFromHeldDevices(t *testing.T) {
 	e := newEnv(t, func(o *devicemanager.Options) {
 		o.NUMANodes = []int{0, 1}
