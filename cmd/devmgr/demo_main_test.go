@@ -48,7 +48,6 @@ func testMain(m *testing.M) int {
 type binaryResult struct {
 	stdout, stderr string
 	exitCode       int
-	elapsed        time.Duration
 }
 
 // runDevmgrBinary runs the devmgr binary with args and extra environment
@@ -69,9 +68,8 @@ func runDevmgrBinaryIn(t *testing.T, dir string, env []string, args ...string) b
 	cmd.Env = append(os.Environ(), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	start := time.Now()
 	err := cmd.Run()
-	res := binaryResult{stdout: stdout.String(), stderr: stderr.String(), elapsed: time.Since(start)}
+	res := binaryResult{stdout: stdout.String(), stderr: stderr.String()}
 	var exitErr *exec.ExitError
 	switch {
 	case errors.As(err, &exitErr):

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/sets"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -24,8 +26,10 @@ func fourGPUs() []*pluginapi.Device {
 	return []*pluginapi.Device{healthy("d3"), healthy("d1"), healthy("d0"), healthy("d2")}
 }
 
-// SPEC 3.1-3.3 happy path; DESIGN difference 3 (sorted IDs in requests);
-// DESIGN: checkpoint written before Allocate returns.
+// The ordinary admission: the plugin's Allocate gets the picked IDs, sorted
+// (the kubelet sends them in map order), the checkpoint holds the record
+// before Allocate returns, a second admission of the same container makes no
+// call, and other pods get other devices until none is left.
 func TestAllocateBasic(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -66,8 +70,9 @@ func TestAllocateBasic(t *testing.T) {
 	assert.Empty(t, e.mgr.GetDevices("u3", "c"))
 }
 
-// DESIGN "further rules": an extended resource nobody registered and that
-// holds no allocation is ignored, unless Options.RequirePlugin names it.
+// An extended resource that no plugin registered and that holds no
+// allocation is ignored at admission, as the kubelet does (admins advertise
+// such resources by hand), unless Options.RequirePlugin names it.
 func TestAllocateUnregisteredResource(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -96,8 +101,9 @@ func TestAllocateUnregisteredResource(t *testing.T) {
 	}
 }
 
-// SPEC 3.10: a resource that still holds allocations stays a device-plugin
-// resource after its plugin is gone and removed.
+// A resource that still holds allocations stays a device-plugin resource
+// after its plugin is gone and the grace period removed it: a new pod asking
+// for it is refused, not started without the device.
 func TestAllocateResourceGoneAfterGrace(t *testing.T) {
 	e := newEnv(t, func(o *devicemanager.Options) { o.StopGracePeriod = time.Minute })
 	e.start(t)
@@ -115,7 +121,9 @@ func TestAllocateResourceGoneAfterGrace(t *testing.T) {
 	assert.Contains(t, err.Error(), "cannot allocate unregistered device vendor.com/gpu")
 }
 
-// SPEC 3.3 step 4, including the zero-quantity note.
+// A registered resource with no healthy device refuses admission, even for
+// a request of zero devices (the kubelet checks health even when nothing is
+// to be picked).
 func TestAllocateNoHealthyDevices(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -135,14 +143,16 @@ func TestAllocateNoHealthyDevices(t *testing.T) {
 	assert.Empty(t, e.mgr.GetDevices("z", "c"))
 }
 
-// SPEC 3.3 step 1.
+// A container admitted again with a different count is refused; its record
+// stays as it was.
 func TestAllocateChangedRequest(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
 	pl := e.plugin(t, "p.sock", resGPU, nil, fourGPUs()...)
 	require.NoError(t, e.allocate(pod("u1", ctr("c", resGPU, 1)), "c"))
-	// Same pod UID and container, different request; checked even when no
-	// device is healthy (error order of SPEC 12.4).
+	// Same pod UID and container, different request; the kubelet checks
+	// this first, before any health check, so it is the error even when no
+	// device is healthy.
 	pl.update(unhealthy("d0"), unhealthy("d1"), unhealthy("d2"), unhealthy("d3"))
 	e.waitCapacity(t, resGPU, 4, 0)
 	err := e.allocate(pod("u1", ctr("c", resGPU, 2)), "c")
@@ -152,7 +162,8 @@ func TestAllocateChangedRequest(t *testing.T) {
 	assert.Len(t, ids(e.mgr, "u1", "c", resGPU), 1, "a failed re-admission dropped the earlier record")
 }
 
-// SPEC 3.3 step 5.
+// A container whose recorded devices turned unhealthy is refused when it is
+// admitted again, and passes with no new plugin call once they are back.
 func TestAllocatePreviouslyAllocatedUnhealthy(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -179,7 +190,8 @@ func TestAllocatePreviouslyAllocatedUnhealthy(t *testing.T) {
 	assert.Len(t, pl.allocateCalls(), 1)
 }
 
-// SPEC 3.2 step 7 + DESIGN difference 1: a failed plugin call rolls back.
+// A failed plugin Allocate rolls back the devices picked for it: no record,
+// nothing in the checkpoint, and the devices are free again.
 func TestAllocatePluginErrorRollsBack(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -202,7 +214,8 @@ func TestAllocatePluginErrorRollsBack(t *testing.T) {
 	}
 }
 
-// SPEC 3.2 step 8: zero container responses is an error; DESIGN: all or nothing.
+// A plugin answer with no container response is an error (the kubelet's
+// text), and the admission leaves nothing behind.
 func TestAllocateEmptyResponse(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -218,8 +231,8 @@ func TestAllocateEmptyResponse(t *testing.T) {
 	require.NoError(t, e.allocate(pod("u2", ctr("c", resGPU, 2)), "c"))
 }
 
-// DESIGN "further rules": admission of a container is all or nothing across
-// its resources, whichever resource fails and in whichever order.
+// Admission of a container is all or nothing across its resources, whichever
+// resource fails and in whichever order.
 func TestAllocateAllOrNothing(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -256,7 +269,8 @@ func TestAllocateAllOrNothing(t *testing.T) {
 	assert.NotEmpty(t, gpu.allocateCalls())
 }
 
-// Options.CallTimeout bounds the plugin's Allocate; DESIGN difference 5.
+// Options.CallTimeout bounds the plugin's Allocate (the kubelet waits as long
+// as the caller's context allows).
 func TestAllocateCallTimeout(t *testing.T) {
 	e := newEnv(t, func(o *devicemanager.Options) { o.CallTimeout = 200 * time.Millisecond })
 	e.start(t)
@@ -283,9 +297,9 @@ func TestAllocateCallTimeout(t *testing.T) {
 	require.NoError(t, e.allocate(pod("u2", ctr("c", resGPU, 1)), "c"))
 }
 
-// DESIGN data flow 3 + difference 5: the lock is dropped for the plugin's
-// Allocate: a hung plugin stalls only its own resource, and a pending
-// reservation is not handed to anyone else.
+// The manager does not hold its lock across the plugin's Allocate: a hung
+// plugin stalls only its own resource, and the devices reserved for the
+// pending call are not handed to anyone else.
 func TestHungPluginStallsOnlyItsResource(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -345,7 +359,9 @@ func TestHungPluginStallsOnlyItsResource(t *testing.T) {
 	assert.NotEqual(t, a, b, "the pending reservation was handed out twice")
 }
 
-// SPEC 3.1 + 10.2 TestInitContainerDeviceAllocation.
+// Devices of regular init containers are reused by the containers after
+// them: each init container's set contains the app containers' sets, and
+// the app containers' sets are disjoint.
 func TestInitContainerReuse(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -372,7 +388,9 @@ func TestInitContainerReuse(t *testing.T) {
 	require.NoError(t, e.allocate(pod("u2", ctr("c", resGPU, 2)), "c"))
 }
 
-// SPEC 3.1 + 10.2 TestRestartableInitContainerDeviceAllocation.
+// Sidecars (restartable init containers) may take devices of a regular init
+// container before them, but keep theirs: sidecars and app containers never
+// share a device.
 func TestSidecarReuse(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -399,7 +417,9 @@ func TestSidecarReuse(t *testing.T) {
 	}
 }
 
-// SPEC 3.3 step 7 / 3.6 and 10.4 TestGetPreferredAllocationParameters.
+// What GetPreferredAllocation is asked: the candidate devices (sorted), the
+// devices already picked as must-include, and the full request as the size;
+// what it answers is honoured where it names candidates.
 func TestGetPreferredAllocationParameters(t *testing.T) {
 	prefOpts := &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: true}
 
@@ -435,9 +455,10 @@ func TestGetPreferredAllocationParameters(t *testing.T) {
 		assert.NotContains(t, got, "bogus")
 	})
 
-	// Unlike the kubelet (SPEC 3.6), a failing GetPreferredAllocation is
-	// logged and means "no preference" (issue 4; NVIDIA k8s-device-plugin
-	// #231: one broken card failed every pod on the node).
+	// The kubelet fails the admission when GetPreferredAllocation fails;
+	// devmgr logs it and allocates without a preference, since the answer
+	// is only a hint (NVIDIA k8s-device-plugin #231: one broken card failed
+	// every pod on the node).
 	t.Run("preferred rpc error", func(t *testing.T) {
 		e := newEnv(t, nil)
 		e.start(t)
@@ -479,7 +500,10 @@ func (f fixedAffinity) GetAffinity(string, string) topologyHint {
 	return hintOf(true, f.nodes...)
 }
 
-// SPEC 3.3 step 7d/7e and 3.5 with an AffinityStore.
+// Selection with an AffinityStore, in the kubelet's order: when fewer
+// devices are needed than the affinity's nodes offer, the plugin chooses
+// among those; otherwise all of them are taken first and the plugin, then
+// the devices on other nodes, then those without topology, fill the rest.
 func TestAlignedAllocation(t *testing.T) {
 	devs := []*pluginapi.Device{
 		healthy("n0a", 0), healthy("n0b", 0), healthy("n0c", 0),
@@ -547,4 +571,185 @@ func TestAlignedAllocation(t *testing.T) {
 		require.NotNil(t, got["n1a"].GetTopology())
 		assert.Equal(t, int64(1), got["n1a"].Topology.Nodes[0].ID)
 	})
+}
+
+// Every ID list sent to a plugin is sorted (the kubelet sends map order), so
+// the same state always makes the same calls.
+func TestPluginRequestsSortedIDs(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	var devs []*pluginapi.Device
+	for _, id := range []string{"h", "c", "a", "g", "e", "b", "f", "d", "j", "i"} {
+		devs = append(devs, healthy(id))
+	}
+	pl := e.plugin(t, "p.sock", resGPU,
+		&pluginapi.DevicePluginOptions{PreStartRequired: true, GetPreferredAllocationAvailable: true}, devs...)
+	p := pod("u1", ctr("app", resGPU, 7))
+	p.Spec.InitContainers = []v1.Container{ctr("init", resGPU, 5)}
+	require.NoError(t, e.allocate(p, "init"))
+	require.NoError(t, e.allocate(p, "app"))
+	_, err := e.runOptions(p, "app")
+	require.NoError(t, err)
+	for _, c := range pl.allocateCalls() {
+		got := c.ContainerRequests[0].DevicesIds
+		assert.True(t, slices.IsSorted(got), "Allocate IDs %v", got)
+	}
+	for _, c := range pl.preferredCalls() {
+		r := c.ContainerRequests[0]
+		assert.True(t, slices.IsSorted(r.AvailableDeviceIDs), "available %v", r.AvailableDeviceIDs)
+		assert.True(t, slices.IsSorted(r.MustIncludeDeviceIDs), "mustInclude %v", r.MustIncludeDeviceIDs)
+	}
+	calls := pl.preStartCalls()
+	require.Len(t, calls, 1)
+	assert.True(t, slices.IsSorted(calls[0].DevicesIds), "PreStart IDs %v", calls[0].DevicesIds)
+	assert.Len(t, calls[0].DevicesIds, 7)
+}
+
+// Only limits count: a request without a limit asks for no device.
+func TestAllocateIgnoresRequestsWithoutLimits(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	pl := e.plugin(t, "p.sock", resGPU, nil, healthy("d0"))
+	p := pod("u1", ctr("c"))
+	p.Spec.Containers[0].Resources.Requests = v1.ResourceList{v1.ResourceName(resGPU): resource.MustParse("1")}
+	require.NoError(t, e.allocate(p, "c"))
+	assert.Empty(t, pl.allocateCalls())
+}
+
+// An extended resource that the pod's status maps to a DRA claim, for this
+// container, is left to DRA: no device-plugin allocation.
+func TestAllocateSkipsDRAExtendedResources(t *testing.T) {
+	e := newEnv(t, func(o *devicemanager.Options) { o.RequirePlugin = []string{"example.com/*"} })
+	e.start(t)
+	pl := e.plugin(t, "p.sock", resGPU, nil, healthy("d0"))
+	p := pod("u1", ctr("c", "example.com/dra", 1, resGPU, 1))
+	p.Status.ExtendedResourceClaimStatus = &v1.PodExtendedResourceClaimStatus{
+		ResourceClaimName: "claim",
+		RequestMappings: []v1.ContainerExtendedResourceRequest{
+			{ContainerName: "c", ResourceName: "example.com/dra", RequestName: "r0"},
+			{ContainerName: "c", ResourceName: resGPU, RequestName: "r1"},
+		},
+	}
+	require.NoError(t, e.allocate(p, "c"))
+	assert.Empty(t, pl.allocateCalls(), "a DRA-backed resource went to the device plugin")
+	assert.Empty(t, e.mgr.GetDevices("u1", "c"))
+
+	// The mapping is per container.
+	q := pod("u2", ctr("c", "example.com/dra", 1))
+	q.Status.ExtendedResourceClaimStatus = &v1.PodExtendedResourceClaimStatus{
+		RequestMappings: []v1.ContainerExtendedResourceRequest{{ContainerName: "other", ResourceName: "example.com/dra"}},
+	}
+	err := e.allocate(q, "c")
+	assert.ErrorIs(t, err, devicemanager.ErrUnregisteredResource)
+}
+
+// Allocate first garbage-collects pods that are no longer active, so their
+// devices can be given out.
+func TestAllocateCollectsInactivePods(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	e.plugin(t, "p.sock", resGPU, nil, healthy("d0"), healthy("d1"))
+	require.NoError(t, e.allocate(pod("old", ctr("c", resGPU, 2)), "c"))
+	e.pods.set()
+	require.NoError(t, e.allocate(pod("new", ctr("c", resGPU, 2)), "c"))
+	assert.Empty(t, e.mgr.GetDevices("old", "c"))
+	assert.Len(t, ids(e.mgr, "new", "c", resGPU), 2)
+}
+
+// The reuse pool only holds the pod being admitted: admitting another pod in
+// between empties it, so A's app does not get A's init device.
+func TestReusePoolResetByAnotherPod(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	e.plugin(t, "p.sock", resGPU, nil, healthy("a"), healthy("b"), healthy("c"))
+	pa := pod("A", ctr("app", resGPU, 1))
+	pa.Spec.InitContainers = []v1.Container{ctr("init", resGPU, 1)}
+	require.NoError(t, e.allocate(pa, "init"))
+	require.NoError(t, e.allocate(pod("B", ctr("app", resGPU, 1)), "app"))
+	require.NoError(t, e.allocate(pa, "app"))
+	initIDs := sets.New(ids(e.mgr, "A", "init", resGPU)...)
+	appIDs := sets.New(ids(e.mgr, "A", "app", resGPU)...)
+	assert.Empty(t, initIDs.Intersection(appIDs), "A's app reused its init device after another pod was admitted")
+}
+
+// "Requested" in the refusal is what remains to find after the reused
+// devices, as in the kubelet's message.
+func TestInsufficientMessageCountsAfterReuse(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	e.plugin(t, "p.sock", resGPU, nil, healthy("a"), healthy("b"), healthy("c"))
+	p := pod("u1", ctr("app", resGPU, 4))
+	p.Spec.InitContainers = []v1.Container{ctr("init", resGPU, 2)}
+	require.NoError(t, e.allocate(p, "init"))
+	err := e.allocate(p, "app")
+	require.Error(t, err)
+	assert.ErrorIs(t, err, devicemanager.ErrInsufficientDevices)
+	assert.Contains(t, err.Error(), "requested number of devices unavailable for vendor.com/gpu. Requested: 2, Available: 1")
+	assert.Empty(t, e.mgr.GetDevices("u1", "app"))
+}
+
+// When the plugin prefers more devices than needed, a subset of them is
+// taken.
+func TestPreferredMoreThanNeededTakesASubset(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	pl := e.plugin(t, "p.sock", resGPU, &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: true}, fourGPUs()...)
+	pl.setPreferred(func(context.Context, *pluginapi.ContainerPreferredAllocationRequest) ([]string, error) {
+		return []string{"d3", "d1", "d2"}, nil
+	})
+	require.NoError(t, e.allocate(pod("u1", ctr("c", resGPU, 2)), "c"))
+	got := ids(e.mgr, "u1", "c", resGPU)
+	assert.Len(t, got, 2)
+	assert.Subset(t, []string{"d1", "d2", "d3"}, got)
+}
+
+// Only the first container response of the plugin's answer is used.
+func TestAllocateExtraContainerResponsesIgnored(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	pl := e.plugin(t, "p.sock", resGPU, nil, healthy("d0"))
+	pl.setAllocate(func(context.Context, *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+		return &pluginapi.AllocateResponse{ContainerResponses: []*pluginapi.ContainerAllocateResponse{
+			{Envs: map[string]string{"FIRST": "1"}}, {Envs: map[string]string{"SECOND": "2"}},
+		}}, nil
+	})
+	p := pod("u1", ctr("c", resGPU, 1))
+	require.NoError(t, e.allocate(p, "c"))
+	o, err := e.runOptions(p, "c")
+	require.NoError(t, err)
+	require.NotNil(t, o)
+	assert.Equal(t, []devicemanager.EnvVar{{Name: "FIRST", Value: "1"}}, o.Envs)
+}
+
+// A hung GetPreferredAllocation stalls only its own resource.
+func TestHungPreferredStallsOnlyItsResource(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	gpu := e.plugin(t, "g.sock", resGPU, &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: true}, healthy("g0"), healthy("g1"))
+	e.plugin(t, "n.sock", resNIC, nil, healthy("n0"))
+	release := make(chan struct{})
+	gpu.setPreferred(func(ctx context.Context, _ *pluginapi.ContainerPreferredAllocationRequest) ([]string, error) {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil, nil
+	})
+	var once sync.Once
+	defer once.Do(func() { close(release) })
+	p1 := pod("u1", ctr("c", resGPU, 1))
+	e.pods.add(p1)
+	hung := make(chan error, 1)
+	go func() { hung <- e.mgr.Allocate(context.Background(), p1, &p1.Spec.Containers[0]) }()
+	require.Eventually(t, func() bool { return len(gpu.preferredCalls()) == 1 }, waitFor, tick)
+	other := make(chan error, 1)
+	go func() { other <- e.allocate(pod("u2", ctr("c", resNIC, 1)), "c") }()
+	select {
+	case err := <-other:
+		require.NoError(t, err)
+	case <-time.After(waitFor):
+		t.Fatal("a hung GetPreferredAllocation blocked another resource")
+	}
+	once.Do(func() { close(release) })
+	require.NoError(t, <-hung)
 }

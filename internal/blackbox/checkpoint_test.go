@@ -11,7 +11,6 @@ import (
 	"sort"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -22,12 +21,13 @@ import (
 
 	"github.com/openkubelet/devmgr/checkpoint"
 	"github.com/openkubelet/devmgr/devicemanager"
-	"github.com/openkubelet/devmgr/podstate"
 )
 
 const fixtures = "../../testdata/kubelet-checkpoints"
 
-// SPEC 11 worked example.
+// sampleBytes is the kubelet's file for one record (pod-uid-1/ctr, two
+// devices on NUMA node 0, an Allocate response with env A=1) and three
+// registered devices, as the kubelet wrote it (the fixture "sample").
 var sampleBytes = `{"Data":{"PodDeviceEntries":[{"PodUID":"pod-uid-1","ContainerName":"ctr","ResourceName":"example.com/dev","DeviceIDs":{"0":["dev-0","dev-1"]},"AllocResp":"CgYKAUESATE="}],"RegisteredDevices":{"example.com/dev":["dev-0","dev-1","dev-2"]}},"Checksum":648430460}`
 
 func sampleEntry() checkpoint.PodDevicesEntry {
@@ -38,7 +38,7 @@ func sampleEntry() checkpoint.PodDevicesEntry {
 	}
 }
 
-func TestCheckpointWorkedExample(t *testing.T) {
+func TestCheckpointMatchesKubeletSampleBytes(t *testing.T) {
 	cp := checkpoint.New([]checkpoint.PodDevicesEntry{sampleEntry()}, map[string][]string{"example.com/dev": {"dev-0", "dev-1", "dev-2"}})
 	b, err := cp.MarshalCheckpoint()
 	require.NoError(t, err)
@@ -52,7 +52,8 @@ func TestCheckpointWorkedExample(t *testing.T) {
 	assert.Equal(t, map[string]string{"A": "1"}, resp.Envs)
 }
 
-// SPEC 6.3 reference checksums; nil vs empty matters.
+// Checksums the kubelet computes for small documents; a nil list and an
+// empty one hash differently.
 func TestCheckpointReferenceChecksums(t *testing.T) {
 	cases := []struct {
 		name    string
@@ -185,7 +186,8 @@ func TestCheckpointErrors(t *testing.T) {
 	})
 }
 
-// SPEC 6.1/6.5 and 10.6: key validation, list, remove.
+// The store's key rules (the kubelet's), listing (dot files are temporary
+// and not listed) and removal (of a missing key too).
 func TestCheckpointStoreKeys(t *testing.T) {
 	dir := tempDir(t)
 	cm, err := checkpoint.NewManager(dir)
@@ -207,9 +209,11 @@ func TestCheckpointStoreKeys(t *testing.T) {
 	assert.ErrorIs(t, cm.GetCheckpoint("id1", checkpoint.New(nil, nil)), checkpoint.ErrNotFound)
 }
 
-// DESIGN "further rules" + difference 3: what the manager writes after an
-// admission: entries sorted by (pod, container, resource), IDs sorted,
-// RegisteredDevices = healthy IDs, deterministic protobuf, NUMA keys.
+// What the manager writes after admissions: entries sorted by (pod,
+// container, resource), IDs sorted, RegisteredDevices the healthy IDs, the
+// plugin's answers in deterministic protobuf, each device under its NUMA
+// nodes (-1 without topology). The kubelet writes map order, so the same
+// state can give different files; devmgr always writes the same bytes.
 func TestCheckpointContentAfterAdmission(t *testing.T) {
 	e := newEnv(t, func(o *devicemanager.Options) { o.NUMANodes = []int{0, 1} })
 	e.start(t)
@@ -319,98 +323,6 @@ func boolInt(b bool) int {
 	return 0
 }
 
-// DESIGN data flow 1 + SPEC 3.9: a new manager on the same directory
-// restores the allocations; Stop writes nothing.
-func TestCheckpointRestoreAfterRestart(t *testing.T) {
-	e := newEnv(t, func(o *devicemanager.Options) { o.NUMANodes = []int{0, 1}; o.StopGracePeriod = time.Minute })
-	m1 := e.start(t)
-	pl := e.plugin(t, "p.sock", resGPU, nil, healthy("d0", 0), healthy("d1", 1), healthy("d2"))
-	p := pod("u1", ctr("c", resGPU, 3), ctr("other", "cpu", 1))
-	require.NoError(t, e.allocate(p, "c"))
-	wantOpts, err := e.runOptions(p, "c")
-	require.NoError(t, err)
-	wantDevs := m1.GetDevices("u1", "c")
-	ckPath := filepath.Join(e.dir, checkpoint.DeviceManagerKey)
-	before := readFile(t, ckPath)
-
-	pl.stop()
-	e.waitCapacity(t, resGPU, 3, 0)
-	require.NoError(t, m1.Stop())
-	assert.Equal(t, string(before), string(readFile(t, ckPath)), "disconnect or Stop wrote the checkpoint")
-
-	e.ready.v.Store(false)
-	cmap := podstate.ContainerMap{"cid-1": {PodUID: "u1", ContainerName: "c"}}
-	m2 := e.startWith(t, cmap, sets.New("cid-1"))
-
-	got := m2.GetDevices("u1", "c")
-	require.Contains(t, got, resGPU)
-	assert.Equal(t, sets.KeySet(wantDevs[resGPU]), sets.KeySet(got[resGPU]))
-	for id, d := range got[resGPU] {
-		assert.True(t, proto.Equal(wantDevs[resGPU][id], d), "device %s: %v vs %v", id, wantDevs[resGPU][id], d)
-	}
-	o, err := e.runOptions(p, "c")
-	require.NoError(t, err)
-	require.NotNil(t, o)
-	assert.ElementsMatch(t, wantOpts.Envs, o.Envs)
-
-	// Restored resources: capacity 0/0, not allocatable devices, no hints.
-	c, a, listed := capacityOf(m2, resGPU)
-	assert.True(t, listed)
-	assert.Zero(t, c)
-	assert.Zero(t, a)
-	assert.NotContains(t, m2.GetAllocatableDevices(), resGPU)
-	hints := m2.GetTopologyHints(p, &p.Spec.Containers[0])
-	assert.Contains(t, hints, resGPU)
-	assert.Nil(t, hints[resGPU])
-
-	// Sources not ready: the running container passes untouched; a new one does not.
-	require.NoError(t, e.allocate(p, "c"))
-	err = e.allocate(pod("u2", ctr("c", resGPU, 1)), "c")
-	require.Error(t, err)
-	assert.ErrorIs(t, err, devicemanager.ErrNoHealthyDevices)
-	// Sources ready: the running container is checked too.
-	e.ready.v.Store(true)
-	err = e.allocate(p, "c")
-	require.Error(t, err)
-	assert.ErrorIs(t, err, devicemanager.ErrNoHealthyDevices)
-
-	// The plugin comes back: no new RPC is needed.
-	pl2 := e.plugin(t, "p.sock", resGPU, nil, healthy("d0", 0), healthy("d1", 1), healthy("d2"))
-	require.NoError(t, e.allocate(p, "c"))
-	assert.Empty(t, pl2.allocateCalls())
-	e.clock.Step(time.Hour)
-	_, _, removed := m2.GetCapacity()
-	assert.Empty(t, removed)
-}
-
-// SPEC 3.9: a restored resource whose plugin never returns disappears after
-// the grace period.
-func TestRestoredResourceExpires(t *testing.T) {
-	dir := copyFixture(t, "sample")
-	e := newEnv(t, func(o *devicemanager.Options) { o.StopGracePeriod = time.Minute })
-	e.opts.SocketDir = dir
-	e.dir = dir
-	m := e.start(t)
-	c, a, listed := capacityOf(m, "example.com/dev")
-	assert.True(t, listed)
-	assert.Zero(t, c)
-	assert.Zero(t, a)
-	e.clock.Step(time.Minute)
-	_, _, removed := m.GetCapacity()
-	assert.Empty(t, removed)
-	e.clock.Step(time.Second)
-	_, _, removed = m.GetCapacity()
-	assert.Equal(t, []string{"example.com/dev"}, removed)
-	require.Eventually(t, func() bool {
-		_, reg, ok := tryReadCheckpoint(dir)
-		_, has := reg["example.com/dev"]
-		return ok && !has
-	}, waitFor, tick)
-	// The allocation record itself survives.
-	entries, _ := readCheckpoint(t, dir)
-	assert.Len(t, entries, 1)
-}
-
 // Manager start on each kubelet fixture.
 func TestManagerStartsOnKubeletFixtures(t *testing.T) {
 	for _, tc := range []struct {
@@ -422,8 +334,9 @@ func TestManagerStartsOnKubeletFixtures(t *testing.T) {
 		{"reformatted", true, 0},
 		{"legacy-v1-valid", true, -1},
 		{"empty", false, 0},
-		// Bad files: unlike the kubelet (SPEC 6.6), devmgr moves them aside
-		// for inspection (issue 4): kubelet_internal_checkpoint.bad-<unix time>.
+		// Bad files: the kubelet starts empty and overwrites them on its
+		// next write; devmgr moves them aside for inspection, as
+		// kubelet_internal_checkpoint.bad-<unix time>.
 		{"corrupt", false, 0},
 		{"badjson", false, 0},
 		{"legacy-v1", false, 0},
@@ -468,4 +381,55 @@ func TestManagerStartsOnKubeletFixtures(t *testing.T) {
 			assert.Equal(t, []devicemanager.EnvVar{{Name: "A", Value: "1"}}, o.Envs)
 		})
 	}
+}
+
+// MarshalCheckpoint encodes exactly the data given, in the order given (nil
+// stays null), and the document reads back to the same entries.
+func TestCheckpointEncodesDataAsGiven(t *testing.T) {
+	b, err := checkpoint.New(nil, nil).MarshalCheckpoint()
+	require.NoError(t, err)
+	assert.Contains(t, string(b), `{"Data":{"PodDeviceEntries":null,"RegisteredDevices":null},"Checksum":`)
+	e1 := checkpoint.PodDevicesEntry{PodUID: "b", ContainerName: "c", ResourceName: "r", DeviceIDs: checkpoint.DevicesPerNUMA{1: {"y", "x"}}}
+	e2 := checkpoint.PodDevicesEntry{PodUID: "a", ContainerName: "c", ResourceName: "r", DeviceIDs: checkpoint.DevicesPerNUMA{10: {"z"}, 2: {"w"}, -1: {"v"}}}
+	b, err = checkpoint.New([]checkpoint.PodDevicesEntry{e1, e2}, map[string][]string{"r": {"y", "x"}}).MarshalCheckpoint()
+	require.NoError(t, err)
+	assert.Contains(t, string(b), `{"PodUID":"b","ContainerName":"c","ResourceName":"r","DeviceIDs":{"1":["y","x"]},"AllocResp":null},{"PodUID":"a","ContainerName":"c","ResourceName":"r","DeviceIDs":{"-1":["v"],"10":["z"],"2":["w"]},"AllocResp":null}`)
+	assert.Contains(t, string(b), `"RegisteredDevices":{"r":["y","x"]}`)
+	cp := checkpoint.New(nil, nil)
+	require.NoError(t, cp.UnmarshalCheckpoint(b))
+	require.NoError(t, cp.VerifyChecksum())
+	entries, _ := cp.GetData()
+	assert.Equal(t, []checkpoint.PodDevicesEntry{e1, e2}, entries)
+}
+
+// The checkpoint keeps a registered resource with no healthy device as an
+// empty list, as the kubelet does, including one restored from a
+// checkpoint whose plugin is not back.
+func TestCheckpointKeepsUnhealthyResourceAsEmptyList(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	pl := e.plugin(t, "p.sock", resGPU, nil, healthy("d0"))
+	require.NoError(t, e.allocate(pod("u1", ctr("c", resGPU, 1)), "c"))
+	pl.update(unhealthy("d0"))
+	e.waitCapacity(t, resGPU, 1, 0)
+	require.Eventually(t, func() bool {
+		_, reg, ok := tryReadCheckpoint(e.dir)
+		l, has := reg[resGPU]
+		return ok && has && l != nil && len(l) == 0
+	}, waitFor, tick, "all-unhealthy resource must be written as []")
+	pl.stop()
+	e.waitCapacity(t, resGPU, 1, 0)
+	require.NoError(t, e.mgr.Stop())
+
+	e.start(t)
+	e.plugin(t, "n.sock", resNIC, nil, healthy("n0"))
+	require.Eventually(t, func() bool {
+		_, reg, ok := tryReadCheckpoint(e.dir)
+		return ok && len(reg[resNIC]) == 1
+	}, waitFor, tick)
+	_, reg := readCheckpoint(t, e.dir)
+	l, ok := reg[resGPU]
+	assert.True(t, ok, "restored resource dropped from RegisteredDevices")
+	assert.NotNil(t, l)
+	assert.Empty(t, l)
 }

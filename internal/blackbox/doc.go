@@ -1,7 +1,23 @@
-// Package blackbox is the team's own black-box test suite for devmgr. Its
-// tests (package blackbox_test) are written only from the stable surface and
-// the rules of DESIGN.md and from the kubelet behaviour described in SPEC.md,
-// and drive the public packages devicemanager, topology, podstate and
-// checkpoint through a small fake device plugin of their own, exactly as an
-// external consumer would; they never use plugintest or unexported names.
+// Package blackbox is devmgr's black-box test suite. Its tests (package
+// blackbox_test) use only the stable public surface, the names that an
+// alternative kubelet or a node agent compiles against and that change only
+// by adding:
+//
+//   - devicemanager: Options, NewManagerImpl, the ManagerImpl methods that
+//     follow the kubelet's device manager (Start, Stop, Allocate,
+//     GetDeviceRunContainerOptions, GetCapacity, GetDevices,
+//     GetAllocatableDevices, the topology hints, UpdateAllocatedDevices,
+//     UpdatePluginResources, UpdateAllocatedResourcesStatus, Updates,
+//     GetWatcherHandler, HealthCheck ...) and the sentinel errors;
+//   - topology: BitMask, Hint, Discover;
+//   - podstate: ContainerRef, ContainerMap;
+//   - checkpoint: the file format (New, Data, PodDevicesEntry,
+//     DevicesPerNUMA), the store (NewManager), its errors and
+//     DeviceManagerKey.
+//
+// The tests check that devmgr behaves as the kubelet's device manager does,
+// except where it deliberately differs; there the test's comment says what
+// the kubelet does instead. They drive the manager through kubelet.sock and
+// a small fake device plugin of their own, as an external consumer would,
+// and never use plugintest or unexported names.
 package blackbox

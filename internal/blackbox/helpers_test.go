@@ -65,6 +65,13 @@ func (a *activePods) add(pods ...*v1.Pod) {
 	a.pods = append(a.pods, pods...)
 }
 
+// remove takes the pods with these UIDs out of the list.
+func (a *activePods) remove(uids ...string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.pods = slices.DeleteFunc(a.pods, func(p *v1.Pod) bool { return slices.Contains(uids, string(p.UID)) })
+}
+
 type readyFlag struct{ v atomic.Bool }
 
 func (r *readyFlag) AllReady() bool { return r.v.Load() }

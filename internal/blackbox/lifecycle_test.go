@@ -7,9 +7,11 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 	v1 "k8s.io/api/core/v1"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -17,7 +19,7 @@ import (
 	"github.com/openkubelet/devmgr/devicemanager"
 )
 
-// DESIGN stable surface: NewManagerImpl errs for a relative dir and touches no files.
+// NewManagerImpl refuses a relative directory and touches no file.
 func TestNewManagerImplRejectsRelativeDirs(t *testing.T) {
 	abs := tempDir(t)
 	cases := []struct {
@@ -140,7 +142,7 @@ func TestStartRemovesStaleSocketsKeepsFiles(t *testing.T) {
 	e.waitCapacity(t, resGPU, 1, 1)
 }
 
-// DESIGN difference 9: getters are safe before Start and after Stop.
+// Every getter is safe before Start and after Stop, and answers "nothing".
 func TestGettersBeforeStartAndAfterStop(t *testing.T) {
 	e := newEnv(t, nil)
 	m, err := devicemanager.NewManagerImpl(e.opts)
@@ -196,8 +198,9 @@ func TestHealthCheckWhileServing(t *testing.T) {
 	assert.NoError(t, m.HealthCheck())
 }
 
-// ShouldResetExtendedResourceCapacity: true iff the checkpoint dir has no
-// non-dot entries (SPEC 2.4).
+// ShouldResetExtendedResourceCapacity is true exactly when the checkpoint
+// directory has no entry whose name does not start with a dot, as in the
+// kubelet (so kubelet.sock in a shared directory counts).
 func TestShouldResetExtendedResourceCapacity(t *testing.T) {
 	t.Run("separate empty checkpoint dir", func(t *testing.T) {
 		e := newEnv(t, func(o *devicemanager.Options) { o.CheckpointDir = filepath.Join(o.SocketDir, "ck") })
@@ -228,4 +231,64 @@ func errorsIsAny(err error, targets ...error) bool {
 		}
 	}
 	return false
+}
+
+// Start with nil arguments: no active pods, sources always ready, nothing
+// running.
+func TestStartNilArguments(t *testing.T) {
+	dir := tempDir(t)
+	m, err := devicemanager.NewManagerImpl(devicemanager.Options{SocketDir: dir})
+	require.NoError(t, err)
+	require.NoError(t, m.Start(nil, nil, nil, nil))
+	defer func() { _ = m.Stop() }()
+	pl := newFakePlugin(t, dir, "p.sock", resGPU, nil, healthy("d0"))
+	pl.start(t)
+	require.NoError(t, registerPlugin(t, dir, pl))
+	require.Eventually(t, func() bool { _, a, _ := capacityOf(m, resGPU); return a == 1 }, waitFor, tick)
+	p := pod("u1", ctr("c", resGPU, 1))
+	require.NoError(t, m.Allocate(context.Background(), p, &p.Spec.Containers[0]))
+	assert.Len(t, m.GetDevices("u1", "c")[resGPU], 1)
+	m.UpdateAllocatedDevices() // no active pods, always ready: collected
+	assert.Empty(t, m.GetDevices("u1", "c"))
+}
+
+// Stop while a plugin call hangs: Stop returns, the call fails, nothing leaks.
+func TestStopDuringHungAllocate(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	e := newEnv(t, nil)
+	m, err := devicemanager.NewManagerImpl(e.opts)
+	require.NoError(t, err)
+	require.NoError(t, m.Start(e.pods.get, e.ready, nil, nil))
+	e.mgr = m
+	pl := newFakePlugin(t, e.dir, "p.sock", resGPU, nil, healthy("d0"))
+	pl.setAllocate(func(ctx context.Context, _ *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	pl.start(t)
+	require.NoError(t, registerPlugin(t, e.dir, pl))
+	e.waitCapacity(t, resGPU, 1, 1)
+
+	res := make(chan error, 1)
+	go func() { res <- e.allocate(pod("u1", ctr("c", resGPU, 1)), "c") }()
+	require.Eventually(t, func() bool { return len(pl.allocateCalls()) == 1 }, waitFor, tick)
+	stopped := make(chan struct{})
+	go func() {
+		_ = m.Stop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(waitFor):
+		t.Fatal("Stop blocked on a hung plugin call")
+	}
+	select {
+	case err := <-res:
+		assert.Error(t, err)
+	case <-time.After(waitFor):
+		t.Fatal("Allocate still hung after Stop")
+	}
+	require.Eventually(t, func() bool { return pl.openStreams() == 0 }, waitFor, tick, "Stop did not disconnect the plugin")
+	pl.stop()
+	goleak.VerifyNone(t, ignore)
 }

@@ -18,8 +18,8 @@ import (
 	"github.com/openkubelet/devmgr/devicemanager"
 )
 
-// SPEC 3.7 / 10.2 TestUpdateCapacityAllocatable: each message replaces the
-// resource's device set; "Healthy" (exact) is healthy, anything else is not.
+// Each ListAndWatch message replaces the resource's device set; "Healthy"
+// (exactly) is healthy, anything else is not.
 func TestListAndWatchReplacesDeviceSet(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -73,9 +73,10 @@ func TestCapacityQuantityFormat(t *testing.T) {
 	assert.Equal(t, "2", qa.String())
 }
 
-// SPEC 2.4 GetCapacity + 3.8: disconnect keeps the resource (allocatable 0)
-// for the grace period, strict >, then removes it once and rewrites the
-// checkpoint; disconnect itself writes nothing (SPEC 6.6).
+// When the plugin disconnects its resource stays (allocatable 0) for the
+// grace period; GetCapacity removes it once the period is strictly exceeded,
+// reports it once, and rewrites the checkpoint. The disconnect itself
+// writes nothing, as in the kubelet.
 func TestGracePeriodRemovesResourceOnce(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -142,8 +143,8 @@ func TestReRegisterWithinGrace(t *testing.T) {
 	e.waitCapacity(t, resGPU, 3, 3)
 }
 
-// DESIGN difference 10: ListAndWatch messages above the kubelet's 4 MiB are
-// accepted by default (64 MiB).
+// ListAndWatch messages above the kubelet's limit of 4 MiB are accepted by
+// default (64 MiB), for plugins with tens of thousands of devices.
 func TestLargeDeviceListAccepted(t *testing.T) {
 	if testing.Short() {
 		t.Skip("large list")
@@ -160,8 +161,9 @@ func TestLargeDeviceListAccepted(t *testing.T) {
 	e.waitCapacity(t, resGPU, n, n)
 }
 
-// DESIGN difference 7: a message that leaves the healthy set unchanged costs
-// no write; one that changes it does.
+// A message that leaves the healthy set unchanged costs no checkpoint write
+// (the kubelet writes after every message, and many plugins resend the same
+// list every few seconds); one that changes it is written.
 func TestCheckpointNotRewrittenForSameHealthySet(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -200,4 +202,39 @@ func sortedCopy(s []string) []string {
 	out := slices.Clone(s)
 	slices.Sort(out)
 	return out
+}
+
+// A resource whose plugin lists no device stays listed, with zero, in
+// GetCapacity and GetAllocatableDevices.
+func TestEmptyDeviceListKeepsResource(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	pl := e.plugin(t, "p.sock", resGPU, nil, healthy("d0"))
+	pl.update()
+	e.waitCapacity(t, resGPU, 0, 0)
+	all := e.mgr.GetAllocatableDevices()
+	inner, ok := all[resGPU]
+	assert.True(t, ok)
+	assert.Empty(t, inner)
+	err := e.allocate(pod("u1", ctr("c", resGPU, 1)), "c")
+	assert.ErrorIs(t, err, devicemanager.ErrNoHealthyDevices)
+}
+
+// Options.MaxRecvMsgSize bounds one ListAndWatch message.
+func TestMaxRecvMsgSizeEndsOversizedStream(t *testing.T) {
+	e := newEnv(t, func(o *devicemanager.Options) { o.MaxRecvMsgSize = 2048 })
+	e.start(t)
+	small := e.plugin(t, "s.sock", resNIC, nil, healthy("n0"))
+	assert.Equal(t, 1, small.openStreams())
+	var devs []*pluginapi.Device
+	for i := range 100 {
+		devs = append(devs, healthy(fmt.Sprintf("%060d", i)))
+	}
+	big := newFakePlugin(t, e.dir, "b.sock", resGPU, nil, devs...)
+	big.start(t)
+	require.NoError(t, registerPlugin(t, e.dir, big))
+	require.Eventually(t, func() bool { return big.streamCount() == 1 && big.openStreams() == 0 }, waitFor, tick,
+		"an oversized message did not end the stream")
+	_, a, _ := capacityOf(e.mgr, resGPU)
+	assert.Zero(t, a)
 }

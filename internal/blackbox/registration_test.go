@@ -2,23 +2,29 @@ package blackbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/openkubelet/devmgr/devicemanager"
 )
 
-// SPEC 7.3 step 2: only v1beta1 is accepted, with the kubelet's message.
+// Only v1beta1 is accepted, with the kubelet's message.
 func TestRegisterRejectsUnsupportedVersion(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -35,7 +41,9 @@ func TestRegisterRejectsUnsupportedVersion(t *testing.T) {
 	assert.False(t, listed)
 }
 
-// SPEC 7.3 step 3: IsExtendedResourceName.
+// The resource name must be an extended resource name, by the kubelet's
+// rules: a domain outside kubernetes.io, not "requests.", a valid
+// qualified name.
 func TestRegisterResourceNameRules(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -82,8 +90,9 @@ func TestRegisterResourceNameRules(t *testing.T) {
 	}
 }
 
-// DESIGN difference 4: RegisterRequest.Endpoint must be a bare file name,
-// even when the path it names holds a serving plugin.
+// RegisterRequest.Endpoint must be a bare file name, even when the path it
+// names holds a serving plugin (the kubelet joins it to the socket directory
+// unchecked, so ".." leaves the directory).
 func TestRegisterEndpointMustBeBareFileName(t *testing.T) {
 	root := tempDir(t)
 	sockDir := filepath.Join(root, "dp")
@@ -107,8 +116,8 @@ func TestRegisterEndpointMustBeBareFileName(t *testing.T) {
 	assert.False(t, listed)
 }
 
-// SPEC 7.3 step 5: RegisterRequest.Options is ignored; the options come from
-// GetDevicePluginOptions.
+// RegisterRequest.Options is ignored, as by the kubelet: the options come
+// from GetDevicePluginOptions.
 func TestRegisterOptionsFetchedByRPC(t *testing.T) {
 	t.Run("request says yes, plugin says no", func(t *testing.T) {
 		e := newEnv(t, nil)
@@ -150,7 +159,7 @@ func TestRegisterOptionsFetchedByRPC(t *testing.T) {
 	})
 }
 
-// SPEC 7.4: a dial failure is returned to the registering plugin.
+// A failed dial-back is returned to the registering plugin.
 func TestRegisterFailsWhenPluginNotServing(t *testing.T) {
 	e := newEnv(t, func(o *devicemanager.Options) { o.DialTimeout = 300 * time.Millisecond })
 	e.start(t)
@@ -163,8 +172,9 @@ func TestRegisterFailsWhenPluginNotServing(t *testing.T) {
 	e.plugin(t, "p.sock", resGPU, nil, healthy("d0"))
 }
 
-// DESIGN difference 6: re-registering on the same socket replaces the old
-// connection; the old stream's end must not stop the live endpoint.
+// Re-registering on the same socket replaces the old connection (the
+// kubelet refuses it); the old stream's end must not stop the live
+// endpoint.
 func TestReRegisterSameSocketReplacesConnection(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -207,8 +217,9 @@ func TestPluginRestartOnSameSocket(t *testing.T) {
 	assert.Len(t, p2.allocateCalls(), 1)
 }
 
-// SPEC 10.2 TestDevicePluginReRegistration: several instances of one resource;
-// the latest full list wins.
+// Several instances of one resource on different sockets: the newest is the
+// one called, the latest full list wins, and losing one keeps the
+// resource.
 func TestMultipleInstancesLatestListWins(t *testing.T) {
 	for _, opts := range []*pluginapi.DevicePluginOptions{
 		{}, {PreStartRequired: true}, {GetPreferredAllocationAvailable: true},
@@ -250,7 +261,7 @@ func TestMultipleInstancesLatestListWins(t *testing.T) {
 	}
 }
 
-// DESIGN "further rules": no re-dial after the stream ends; the plugin
+// No re-dial after the stream ends, as in the kubelet: the plugin
 // re-registers, and that is accepted at any time.
 func TestStreamEndNoRedialReRegisterAccepted(t *testing.T) {
 	e := newEnv(t, nil)
@@ -272,4 +283,106 @@ func keys[V any](m map[string]V) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// The options are fetched inside Register; a failure is returned to the
+// plugin and nothing is registered.
+func TestRegisterFailsWhenOptionsCallFails(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	p := newFakePlugin(t, e.dir, "p.sock", resGPU, nil, healthy("d0"))
+	p.optsErr = errors.New("options broken")
+	p.start(t)
+	err := registerPlugin(t, e.dir, p)
+	require.Error(t, err)
+	assert.Contains(t, status.Convert(err).Message(), "failed to get device plugin options")
+	_, _, listed := capacityOf(e.mgr, resGPU)
+	assert.False(t, listed)
+	assert.Equal(t, 0, p.streamCount())
+}
+
+// Several resources may share one plugin socket; registering the second
+// must not replace the first one's connection (a connection is replaced
+// only by the same resource on the same socket).
+func TestResourcesShareOneSocket(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	p := newFakePlugin(t, e.dir, "shared.sock", resGPU, nil, healthy("x0"), healthy("x1"))
+	p.start(t)
+	require.NoError(t, register(t, e.dir, &pluginapi.RegisterRequest{Version: pluginapi.Version, Endpoint: p.endpointName(), ResourceName: resGPU}))
+	e.waitCapacity(t, resGPU, 2, 2)
+	require.NoError(t, register(t, e.dir, &pluginapi.RegisterRequest{Version: pluginapi.Version, Endpoint: p.endpointName(), ResourceName: resNIC}))
+	e.waitCapacity(t, resNIC, 2, 2)
+	require.Eventually(t, func() bool { return p.openStreams() == 2 }, waitFor, tick, "one resource's stream was closed")
+	e.clock.Step(time.Hour)
+	e.waitCapacity(t, resGPU, 2, 2)
+	e.waitCapacity(t, resNIC, 2, 2)
+	p.update(healthy("x0"))
+	e.waitCapacity(t, resGPU, 1, 1)
+	e.waitCapacity(t, resNIC, 1, 1)
+}
+
+// The dial-back is bounded by DialTimeout and its failure carries the
+// kubelet's text.
+func TestRegisterDialTimeout(t *testing.T) {
+	e := newEnv(t, func(o *devicemanager.Options) { o.DialTimeout = 300 * time.Millisecond })
+	e.start(t)
+	// A socket that accepts connections but never speaks gRPC.
+	lis, err := net.Listen("unix", filepath.Join(e.dir, "mute.sock"))
+	require.NoError(t, err)
+	var conns []net.Conn
+	var mu sync.Mutex
+	acceptDone := make(chan struct{})
+	go func() {
+		defer close(acceptDone)
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		_ = lis.Close()
+		<-acceptDone
+		mu.Lock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+	}()
+	conn, err := grpc.NewClient("unix://"+filepath.Join(e.dir, "kubelet.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = pluginapi.NewRegistrationClient(conn).Register(ctx, &pluginapi.RegisterRequest{Version: pluginapi.Version, Endpoint: "mute.sock", ResourceName: resGPU})
+	require.Error(t, err)
+	assert.NotEqual(t, codes.DeadlineExceeded, status.Code(ctx.Err()), "DialTimeout not honoured: the client gave up first")
+	assert.Contains(t, status.Convert(err).Message(), "failed to dial device plugin")
+}
+
+// An old instance's late disconnect does not stop the newer instance of the
+// same resource (the kubelet's behaviour since 1.37, upstream #127803).
+func TestOldInstanceDisconnectKeepsNewInstance(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	old := e.plugin(t, "old.sock", resGPU, nil, healthy("d0"), healthy("d1"))
+	cur := e.plugin(t, "new.sock", resGPU, nil, healthy("d0"), healthy("d1"), healthy("d2"))
+	old.stop()
+	require.Eventually(t, func() bool { return old.openStreams() == 0 }, waitFor, tick)
+	// The new instance keeps serving: its updates count, and it stays past
+	// any grace period.
+	cur.update(healthy("d0"), healthy("d1"), healthy("d2"), healthy("d3"))
+	e.waitCapacity(t, resGPU, 4, 4)
+	e.clock.Step(time.Hour)
+	_, _, removed := e.mgr.GetCapacity()
+	assert.Empty(t, removed)
+	e.waitCapacity(t, resGPU, 4, 4)
+	require.NoError(t, e.allocate(pod("u1", ctr("c", resGPU, 2)), "c"))
+	assert.Len(t, cur.allocateCalls(), 1)
+	assert.Empty(t, old.allocateCalls())
 }

@@ -23,8 +23,9 @@ func fixedResponse(r *pluginapi.ContainerAllocateResponse) func(context.Context,
 	}
 }
 
-// SPEC 4.3: merging across resources, first wins per key; Mount.Name is the
-// container path; CDI names deduplicated in response order.
+// Run options merge the answers of every resource: the first wins per env
+// key, container path and annotation; Mount.Name is the container path; CDI
+// names are deduplicated, each answer's order kept.
 func TestRunOptionsMerging(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -77,8 +78,8 @@ func TestRunOptionsMerging(t *testing.T) {
 	assert.Nil(t, o)
 }
 
-// SPEC 2.4 GetDeviceRunContainerOptions: a missing record of an active pod
-// is re-allocated; an inactive pod is not.
+// GetDeviceRunContainerOptions allocates a missing record of an active pod
+// (a race at node restart); an inactive pod gets nothing.
 func TestRunOptionsReallocatesMissingRecord(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -100,7 +101,9 @@ func TestRunOptionsReallocatesMissingRecord(t *testing.T) {
 	assert.Len(t, ids(e.mgr, "u1", "c", resGPU), 1)
 }
 
-// SPEC 3.4 + 10.2 TestDevicePreStartContainer.
+// PreStartContainer is called, with the container's devices, when run
+// options are fetched for a plugin that asks for it; not for a request of
+// zero; its failure is reported with the kubelet's text.
 func TestPreStartContainer(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -167,8 +170,8 @@ func TestPreStartTimeout(t *testing.T) {
 	}
 }
 
-// SPEC 3.4: PreStart runs before the re-allocation path, so a missing record
-// of a PreStart plugin is an error.
+// PreStartContainer comes before the re-allocation of a missing record, so
+// a missing record of a plugin that asks for it is an error.
 func TestPreStartMissingRecord(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -180,7 +183,7 @@ func TestPreStartMissingRecord(t *testing.T) {
 	assert.Contains(t, err.Error(), "no devices found allocated in local cache for pod u1, container c, resource vendor.com/gpu")
 }
 
-// SPEC 3.4/3.8: the endpoint of a disconnected plugin is stopped; PreStart
+// The endpoint of a disconnected plugin is stopped; PreStartContainer
 // through it fails with the stopped-endpoint error.
 func TestPreStartOnStoppedEndpoint(t *testing.T) {
 	e := newEnv(t, nil)
@@ -196,8 +199,8 @@ func TestPreStartOnStoppedEndpoint(t *testing.T) {
 	assert.Contains(t, err.Error(), "has been stopped")
 }
 
-// SPEC 3.4: once the grace period removed the endpoint, a container holding
-// its devices gets "endpoint not found in cache".
+// Once the grace period removed the endpoint, a container holding its
+// devices gets the kubelet's "endpoint not found in cache".
 func TestRunOptionsEndpointGone(t *testing.T) {
 	e := newEnv(t, func(o *devicemanager.Options) { o.StopGracePeriod = time.Minute })
 	e.start(t)
@@ -215,8 +218,8 @@ func TestRunOptionsEndpointGone(t *testing.T) {
 	assert.Contains(t, err.Error(), "endpoint not found in cache for a registered resource: vendor.com/gpu")
 }
 
-// SPEC 2.4 UpdateAllocatedDevices: GC of inactive pods, inert until sources
-// are ready, no checkpoint write.
+// UpdateAllocatedDevices drops the records of inactive pods, does nothing
+// until sources are ready, and writes no checkpoint.
 func TestUpdateAllocatedDevicesGC(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -238,4 +241,35 @@ func TestUpdateAllocatedDevicesGC(t *testing.T) {
 	assert.Nil(t, o)
 	assert.Equal(t, before, readFile(t, e.dir+"/kubelet_internal_checkpoint"), "GC wrote the checkpoint")
 	require.NoError(t, e.allocate(pod("u2", ctr("c", resGPU, 2)), "c"))
+}
+
+// On conflicting answers the first wins per env key and container path;
+// CDI names are deduplicated within and across answers.
+func TestRunOptionsFirstWinsOnConflict(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	gpu := e.plugin(t, "g.sock", resGPU, nil, healthy("g0"))
+	nic := e.plugin(t, "n.sock", resNIC, nil, healthy("n0"))
+	gpu.setAllocate(fixedResponse(&pluginapi.ContainerAllocateResponse{
+		Envs:       map[string]string{"X": "1"},
+		Mounts:     []*pluginapi.Mount{{ContainerPath: "/c", HostPath: "/g"}},
+		Devices:    []*pluginapi.DeviceSpec{{ContainerPath: "/dev/x", HostPath: "/dev/g"}},
+		CdiDevices: []*pluginapi.CDIDevice{{Name: "v/c=1"}, {Name: "v/c=1"}},
+	}))
+	nic.setAllocate(fixedResponse(&pluginapi.ContainerAllocateResponse{
+		Envs:    map[string]string{"X": "2"},
+		Mounts:  []*pluginapi.Mount{{ContainerPath: "/c", HostPath: "/n"}},
+		Devices: []*pluginapi.DeviceSpec{{ContainerPath: "/dev/x", HostPath: "/dev/n"}},
+	}))
+	p := pod("u1", ctr("c", resGPU, 1, resNIC, 1))
+	require.NoError(t, e.allocate(p, "c"))
+	o, err := e.runOptions(p, "c")
+	require.NoError(t, err)
+	require.NotNil(t, o)
+	assert.Len(t, o.Envs, 1)
+	assert.Len(t, o.Mounts, 1)
+	assert.Len(t, o.Devices, 1)
+	assert.Equal(t, []devicemanager.CDIDevice{{Name: "v/c=1"}}, o.CDIDevices)
+	// Consistent winner: all from the same resource or not, but one each.
+	assert.Contains(t, []string{"1", "2"}, o.Envs[0].Value)
 }

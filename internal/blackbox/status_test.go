@@ -3,6 +3,7 @@ package blackbox_test
 import (
 	"fmt"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -16,8 +17,9 @@ import (
 	"github.com/openkubelet/devmgr/devicemanager"
 )
 
-// SPEC 2.4 UpdateAllocatedResourcesStatus; DESIGN rule: a device missing
-// from the list is Healthy.
+// UpdateAllocatedResourcesStatus fills the app containers' statuses with
+// their devices' health, replacing the entry of the same resource; a device
+// missing from the plugin's list is reported Healthy, as by the kubelet.
 func TestUpdateAllocatedResourcesStatus(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -70,9 +72,9 @@ func nextUpdate(t *testing.T, m *devicemanager.ManagerImpl) []string {
 	}
 }
 
-// SPEC 3.7: owners of devices whose health changed (or that came back) are
-// sent; vanished devices and unchanged lists send nothing; owner lookup is
-// per resource.
+// Updates() names the owners of devices whose health changed (or that came
+// back); vanished devices and unchanged lists name nobody; owners are looked
+// up per resource.
 func TestUpdatesDeliverOwningPods(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -116,7 +118,8 @@ func TestUpdatesDeliverOwningPods(t *testing.T) {
 	}
 }
 
-// DESIGN difference 8: a slow consumer loses no pod UID.
+// A slow consumer of Updates() loses no pod UID (the kubelet drops updates
+// once its buffer of 100 is full).
 func TestUpdatesNeverLoseUIDs(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -152,7 +155,8 @@ func TestUpdatesNeverLoseUIDs(t *testing.T) {
 	}, waitFor, tick, "lost %d pod UIDs", want.Difference(got).Len())
 }
 
-// SPEC 2.4 UpdatePluginResources / 10.2 TestUpdatePluginResources.
+// UpdatePluginResources raises allocatable to at least the devices allocated
+// node-wide, for a pod that holds devices; otherwise it changes nothing.
 func TestUpdatePluginResources(t *testing.T) {
 	e := newEnv(t, nil)
 	e.start(t)
@@ -184,7 +188,8 @@ func TestUpdatePluginResources(t *testing.T) {
 	assert.Equal(t, orig, out, "pod without devices: unchanged")
 }
 
-// SPEC 7.6: the plugin-watcher path.
+// The plugin-watcher path: version and name validation with the kubelet's
+// messages, registration at the endpoint given, deregistration.
 func TestWatcherHandler(t *testing.T) {
 	e := newEnv(t, func(o *devicemanager.Options) { o.DialTimeout = 500 * time.Millisecond })
 	e.start(t)
@@ -219,4 +224,70 @@ func TestWatcherHandler(t *testing.T) {
 	// Registered again by the watcher: allocatable again.
 	require.NoError(t, h.RegisterPlugin(resGPU, pl.sock, []string{"v1beta1"}, nil))
 	e.waitCapacity(t, resGPU, 2, 2)
+}
+
+// GetDevices is the podresources view: a device on two NUMA nodes reports
+// both; a device with an empty node list has no topology; values carry only
+// the topology.
+func TestGetDevicesCarriesOnlyTopology(t *testing.T) {
+	e := newEnv(t, func(o *devicemanager.Options) { o.NUMANodes = []int{0, 1} })
+	e.start(t)
+	empty := healthy("e")
+	empty.Topology = &pluginapi.TopologyInfo{}
+	e.plugin(t, "p.sock", resGPU, nil, healthy("m", 0, 1), empty, healthy("s", 1))
+	require.NoError(t, e.allocate(pod("u1", ctr("c", resGPU, 3)), "c"))
+	got := e.mgr.GetDevices("u1", "c")[resGPU]
+	require.Len(t, got, 3)
+	nodes := func(id string) []int64 {
+		var out []int64
+		for _, n := range got[id].GetTopology().GetNodes() {
+			out = append(out, n.ID)
+		}
+		slices.Sort(out)
+		return out
+	}
+	assert.Equal(t, []int64{0, 1}, nodes("m"))
+	assert.Equal(t, []int64{1}, nodes("s"))
+	assert.Nil(t, got["e"].GetTopology())
+	for id, d := range got {
+		assert.Empty(t, d.GetID(), "%s: only Topology is set", id)
+		assert.Empty(t, d.GetHealth(), "%s: only Topology is set", id)
+	}
+	entries, _ := readCheckpoint(t, e.dir)
+	require.Len(t, entries, 1)
+	assert.Equal(t, checkpointIDs{-1: {"e"}, 0: {"m"}, 1: {"m", "s"}}, checkpointIDs(entries[0].DeviceIDs))
+	assert.Nil(t, e.mgr.GetDevices("u1", "nope"))
+	assert.Nil(t, e.mgr.GetDevices("nope", "c"))
+}
+
+type checkpointIDs map[int64][]string
+
+// Getters hand out copies: a caller mutating them changes nothing.
+func TestGettersReturnCopies(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	e.plugin(t, "p.sock", resGPU, nil, healthy("d0"), healthy("d1"))
+	require.NoError(t, e.allocate(pod("u1", ctr("c", resGPU, 1)), "c"))
+	all := e.mgr.GetAllocatableDevices()
+	delete(all[resGPU], "d0")
+	delete(all, resGPU)
+	assert.Len(t, e.mgr.GetAllocatableDevices()[resGPU], 2)
+	got := e.mgr.GetDevices("u1", "c")
+	delete(got, resGPU)
+	assert.Len(t, e.mgr.GetDevices("u1", "c")[resGPU], 1)
+}
+
+// A change of the Health string notifies the owner, even between two
+// unhealthy values.
+func TestUpdatesOnAnyHealthStringChange(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	pl := e.plugin(t, "p.sock", resGPU, nil, healthy("d0"), healthy("d1"))
+	require.NoError(t, e.allocate(pod("u1", ctr("c", resGPU, 2)), "c"))
+	pl.update(unhealthy("d0"), healthy("d1"))
+	e.waitCapacity(t, resGPU, 2, 1)
+	assert.Equal(t, []string{"u1"}, nextUpdate(t, e.mgr))
+	pl.update(dev("d0", "Unknown"), healthy("d1"), healthy("d2"))
+	e.waitCapacity(t, resGPU, 3, 2)
+	assert.Equal(t, []string{"u1"}, nextUpdate(t, e.mgr))
 }

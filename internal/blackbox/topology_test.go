@@ -94,7 +94,9 @@ func TestDiscover(t *testing.T) {
 	assert.Equal(t, []int{0, 1, 3, 10}, got)
 }
 
-// SPEC 5.1/5.2/5.4 container-scope hints (machine NUMA {0,1}).
+// Container-scope hints on a machine with NUMA nodes {0,1}: nil means no
+// preference, an empty list that nothing fits; preferred hints are the
+// narrowest that could hold the request.
 func TestGetTopologyHints(t *testing.T) {
 	numa := func(o *devicemanager.Options) { o.NUMANodes = []int{0, 1} }
 
@@ -170,7 +172,7 @@ func TestGetTopologyHints(t *testing.T) {
 		require.NoError(t, e.allocate(p, "c"))
 		require.Equal(t, []string{"a", "b"}, ids(e.mgr, "u1", "c", resGPU))
 		// Regenerated from exactly the held devices; node 1 bears a device of
-		// the resource, so it is a candidate too (SPEC 5.4 step 1).
+		// the resource, so it is a candidate node too.
 		assert.Equal(t, []string{"0/P", "0,1/-"}, hintStrings(e.mgr.GetTopologyHints(p, &p.Spec.Containers[0])[resGPU]))
 		changed := pod("u1", ctr("c", resGPU, 3))
 		h := e.mgr.GetTopologyHints(changed, &changed.Spec.Containers[0])
@@ -181,4 +183,91 @@ func TestGetTopologyHints(t *testing.T) {
 		require.NotNil(t, h[resGPU])
 		assert.Empty(t, h[resGPU])
 	})
+}
+
+// Without Options.NUMANodes the machine has no topology: no preference.
+func TestHintsWithoutMachineTopology(t *testing.T) {
+	e := newEnv(t, nil)
+	e.start(t)
+	e.plugin(t, "p.sock", resGPU, nil, healthy("a", 0), healthy("b", 1))
+	p := pod("u1", ctr("c", resGPU, 1))
+	h := e.mgr.GetTopologyHints(p, &p.Spec.Containers[0])
+	require.Contains(t, h, resGPU)
+	assert.Nil(t, h[resGPU])
+	h = e.mgr.GetPodTopologyHints(p)
+	require.Contains(t, h, resGPU)
+	assert.Nil(t, h[resGPU])
+}
+
+// NUMA nodes the machine does not know are dropped from the hints.
+func TestHintsDropUnknownNUMANodes(t *testing.T) {
+	e := newEnv(t, func(o *devicemanager.Options) { o.NUMANodes = []int{0, 1} })
+	e.start(t)
+	e.plugin(t, "p.sock", resGPU, nil, healthy("a", 0), healthy("b", 5))
+	p := pod("u1", ctr("c", resGPU, 1))
+	assert.Equal(t, []string{"0/P"}, hintStrings(e.mgr.GetTopologyHints(p, &p.Spec.Containers[0])[resGPU]))
+	p2 := pod("u2", ctr("c", resGPU, 2))
+	h := e.mgr.GetTopologyHints(p2, &p2.Spec.Containers[0])
+	require.NotNil(t, h[resGPU])
+	assert.Empty(t, h[resGPU])
+}
+
+// Hints account for the devices the container can reuse from the pod's
+// init containers.
+func TestTopologyHintsWithReusableDevices(t *testing.T) {
+	e := newEnv(t, func(o *devicemanager.Options) { o.NUMANodes = []int{0, 1, 2, 3} })
+	e.start(t)
+	pl := e.plugin(t, "p.sock", resGPU, &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: true},
+		healthy("a", 0), healthy("b", 1))
+	pl.setPreferred(func(context.Context, *pluginapi.ContainerPreferredAllocationRequest) ([]string, error) {
+		return []string{"a"}, nil
+	})
+	p := pod("u1", ctr("app1", resGPU, 1), ctr("app2", resGPU, 2))
+	p.Spec.InitContainers = []v1.Container{ctr("init", resGPU, 1)}
+	require.NoError(t, e.allocate(p, "init"))
+	require.Equal(t, []string{"a"}, ids(e.mgr, "u1", "init", resGPU))
+	assert.Equal(t, []string{"0/P", "0,1/-"}, hintStrings(e.mgr.GetTopologyHints(p, findContainer(p, "app1"))[resGPU]))
+	assert.Equal(t, []string{"0,1/P"}, hintStrings(e.mgr.GetTopologyHints(p, findContainer(p, "app2"))[resGPU]))
+}
+
+// A recorded device missing from the device list counts as "no topology"
+// (the kubelet dereferences a nil device there).
+func TestMissingDevicesCountAsNoTopology(t *testing.T) {
+	e := newEnv(t, func(o *devicemanager.Options) { o.NUMANodes = []int{0, 1} })
+	e.start(t)
+	pl := e.plugin(t, "p.sock", resGPU, nil, healthy("a", 0), healthy("b", 1))
+	p := pod("u1", ctr("app", resGPU, 1))
+	p.Spec.InitContainers = []v1.Container{ctr("init", resGPU, 2)}
+	require.NoError(t, e.allocate(p, "init"))
+	pl.update(healthy("c", 0), healthy("d", 1))
+	e.waitAllocatable(t, resGPU, "c", "d")
+	h := e.mgr.GetTopologyHints(p, findContainer(p, "init"))
+	require.NotNil(t, h[resGPU])
+	assert.Empty(t, h[resGPU])
+	// app: reusable a,b (missing → no topology, not counted), available c,d.
+	h = e.mgr.GetTopologyHints(p, findContainer(p, "app"))
+	assert.Equal(t, []string{"0/P", "1/P", "0,1/-"}, hintStrings(h[resGPU]))
+	_ = e.mgr.GetPodTopologyHints(p)
+	st := &v1.PodStatus{InitContainerStatuses: []v1.ContainerStatus{{Name: "init"}}, ContainerStatuses: []v1.ContainerStatus{{Name: "app"}}}
+	e.mgr.UpdateAllocatedResourcesStatus(p, st)
+}
+
+// Pod scope: a pod that already holds devices gets the hints of exactly
+// those; a request that no longer matches them gets [].
+func TestPodHintsRegeneratedFromHeldDevices(t *testing.T) {
+	e := newEnv(t, func(o *devicemanager.Options) {
+		o.NUMANodes = []int{0, 1}
+		o.AffinityStore = fixedAffinity{nodes: []int{1}}
+	})
+	e.start(t)
+	e.plugin(t, "p.sock", resGPU, nil, healthy("a", 0), healthy("b", 1), healthy("c", 1))
+	p := pod("u1", ctr("x", resGPU, 1), ctr("y", resGPU, 1))
+	require.NoError(t, e.allocate(p, "x"))
+	require.NoError(t, e.allocate(p, "y"))
+	require.Equal(t, []string{"b", "c"}, sortedCopy(append(ids(e.mgr, "u1", "x", resGPU), ids(e.mgr, "u1", "y", resGPU)...)), "aligned picks")
+	assert.Equal(t, []string{"1/P", "0,1/-"}, hintStrings(e.mgr.GetPodTopologyHints(p)[resGPU]))
+	bigger := pod("u1", ctr("x", resGPU, 1), ctr("y", resGPU, 2))
+	h := e.mgr.GetPodTopologyHints(bigger)
+	require.NotNil(t, h[resGPU])
+	assert.Empty(t, h[resGPU])
 }
