@@ -22,12 +22,12 @@ const (
 	SingleNUMANode = "single-numa-node"
 )
 
-// ErrUnknown is returned by New for a name that is none of the
-// Policy constants. The full message is the kubelet's: unknown policy: "name".
+// ErrUnknown is returned by New for a name that is none of the policy names
+// above. The full message is the kubelet's: unknown policy: "name".
 var ErrUnknown = errors.New("unknown policy")
 
-// ErrNoNUMANodes is returned by New when a policy other than none is
-// asked for a machine without NUMA nodes: such a policy could only refuse
+// ErrNoNUMANodes is returned by New when a policy other than none is asked
+// for a machine without NUMA nodes: such a policy could only refuse
 // (restricted, single-numa-node) or choose an empty affinity (best-effort).
 var ErrNoNUMANodes = errors.New("topology policy needs at least one NUMA node")
 
@@ -44,17 +44,18 @@ var ErrNoNUMANodes = errors.New("topology policy needs at least one NUMA node")
 //     ANDed with every affinity of the permutation; the merge is preferred
 //     when every hint is, and all the affinities are the same mask.
 //   - Of the merges with at least one node, a preferred one wins, the
-//     narrowest (BitMask.IsNarrowerThan). Failing that, with target the
-//     largest over the lists of a list's fewest nodes: a merge of target
-//     nodes, else of fewer (the more the better), else of more (the fewer
-//     the better), the lowest mask on a tie. With no such merge: the
+//     narrowest (topology.BitMask.IsNarrowerThan). Failing that, with
+//     target the largest over the lists of a list's fewest nodes: a merge
+//     of target nodes, else of fewer (the more the better), else of more
+//     (the fewer the better), the lowest mask on a tie. With no such merge: the
 //     machine's nodes, not preferred.
 //   - best-effort admits that hint; restricted admits it only if preferred.
 //     single-numa-node first keeps only the preferred hints with no affinity
 //     or one node, then admits only a preferred result, which it reports
 //     without affinity when it is the whole machine. none admits Hint{}.
 type Policy interface {
-	// Name returns one of the Policy constants.
+	// Name returns the policy's name: None, BestEffort, Restricted or
+	// SingleNUMANode.
 	Name() string
 	// Merge takes one map per hint provider (resource name to hints, as
 	// GetTopologyHints returns them) and returns the chosen hint and whether
@@ -67,14 +68,14 @@ type Policy interface {
 // New returns the policy called name for a machine with the given NUMA
 // node ids (in any order; repeats count once).
 //
-// It fails with ErrUnknown for an unknown name and, for every policy
-// but none (which ignores nodes), with ErrNoNUMANodes for an empty node list
-// and ErrBitOutOfRange for an id outside 0..63.
+// It fails with ErrUnknown for an unknown name and, for every policy but
+// none (which ignores nodes), with ErrNoNUMANodes for an empty node list and
+// topology.ErrBitOutOfRange for an id outside 0..63.
 //
-// Unlike the kubelet, New does not refuse machines with more than
-// eight NUMA nodes: that limit (max-allowable-numa-nodes) guards the
-// kubelet's exponential merge, and Merge here is not exponential in the
-// number of providers (see the package documentation).
+// Unlike the kubelet, New does not refuse machines with more than eight
+// NUMA nodes: that limit (max-allowable-numa-nodes) guards the kubelet's
+// exponential merge, and Merge here is not exponential in the number of
+// providers (see the package documentation).
 func New(name string, numaNodes []int) (Policy, error) {
 	switch name {
 	case None:

@@ -47,8 +47,8 @@ func (e *AffinityError) Is(target error) bool {
 }
 
 // Store records the affinity chosen for each container, by pod UID and
-// container name, and gives it to the device manager (it is an
-// AffinityStore for devicemanager.Options.AffinityStore).
+// container name, and gives it to the device manager (it is a
+// topology.AffinityStore, for devicemanager.Options.AffinityStore).
 //
 // Store is the one stateful type of this package: every method is safe for
 // concurrent use. Hints go in and out as copies, so neither side can change
