@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The cases of the kubelet's bitmask_test.go (SPEC 10.7), on a value type:
+// The cases of the kubelet's topologymanager/bitmask tests, on a value type:
 // Add, Remove, Clear and Fill of the kubelet's mutable mask become NewBitMask,
 // And with a complement, And with the empty mask and the full mask.
 

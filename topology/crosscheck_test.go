@@ -51,10 +51,10 @@ func naiveSubsets(nodes []int) []BitMask {
 	return out
 }
 
-// naiveGenerate is SPEC 5.4 written directly: every device examined for
-// every mask. devmgr's readings are kept: missing devices have no topology,
-// a device both reusable and available counts once (as reusable), ids
-// outside 0..63 are never in a mask.
+// naiveGenerate is the kubelet's generateDeviceTopologyHints written out
+// plainly: every device examined for every mask. devmgr's readings are kept:
+// missing devices have no topology, a device both reusable and available
+// counts once (as reusable), ids outside 0..63 are never in a mask.
 func naiveGenerate(machine []int, devices map[string]*pluginapi.Device,
 	available, reusable sets.Set[string], request int) []Hint {
 	var usable []int
@@ -128,7 +128,8 @@ func naiveGenerate(machine []int, devices map[string]*pluginapi.Device,
 	return hints
 }
 
-// naiveResourceHints is SPEC 5.2 written directly over naiveGenerate.
+// naiveResourceHints is the kubelet's per-resource decision of
+// GetTopologyHints written out plainly over naiveGenerate.
 func naiveResourceHints(r HintRequest) []Hint {
 	aware, machineOK := false, false
 	for _, d := range r.Devices {
@@ -240,7 +241,7 @@ func randomRequest(rng *rand.Rand) HintRequest {
 }
 
 // TestGenerateHintsMatchesNaive cross-checks the signature-count generator
-// against the direct reading of SPEC 5.4 on seeded random resources.
+// against naiveGenerate on seeded random resources.
 func TestGenerateHintsMatchesNaive(t *testing.T) {
 	const rounds = 3000
 	withHints, withPreferred, withNotPreferred := 0, 0, 0

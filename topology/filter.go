@@ -10,8 +10,9 @@ import (
 )
 
 // Tiers splits available devices by how they fit a container's NUMA
-// affinity (SPEC 3.5). Allocation takes from Aligned first, then Unaligned,
-// then NoTopology. Each device is in exactly one tier; an empty tier is nil.
+// affinity (the kubelet's filterByAffinity). Allocation takes from Aligned
+// first, then Unaligned, then NoTopology. Each device is in exactly one
+// tier; an empty tier is nil.
 type Tiers struct {
 	// Aligned devices have at least one NUMA node in the affinity.
 	Aligned []string

@@ -14,10 +14,10 @@ func maskPtr(nodes ...int) *BitMask {
 	return &m
 }
 
-// TestFilterByAffinity: the kubelet's example (SPEC 3.5) and the
+// TestFilterByAffinity: the kubelet's example for filterByAffinity and the
 // deterministic order devmgr adds.
 func TestFilterByAffinity(t *testing.T) {
-	spec := deviceMap(numaDev("dev1", 1), numaDev("dev2", 1, 2), numaDev("dev3", 2), numaDev("dev4", 2), plainDev("dev5"))
+	example := deviceMap(numaDev("dev1", 1), numaDev("dev2", 1, 2), numaDev("dev3", 2), numaDev("dev4", 2), plainDev("dev5"))
 	tests := []struct {
 		name      string
 		affinity  *BitMask
@@ -26,23 +26,23 @@ func TestFilterByAffinity(t *testing.T) {
 		want      Tiers
 	}{
 		{
-			name:      "SPEC example, dev1 and dev2 available",
+			name:      "kubelet example, dev1 and dev2 available",
 			affinity:  maskPtr(2),
-			devices:   spec,
+			devices:   example,
 			available: []string{"dev1", "dev2"},
 			want:      Tiers{Aligned: []string{"dev2"}, Unaligned: []string{"dev1"}},
 		},
 		{
-			name:      "SPEC example, dev1 to dev4 available",
+			name:      "kubelet example, dev1 to dev4 available",
 			affinity:  maskPtr(2),
-			devices:   spec,
+			devices:   example,
 			available: []string{"dev1", "dev2", "dev3", "dev4"},
 			want:      Tiers{Aligned: []string{"dev2", "dev3", "dev4"}, Unaligned: []string{"dev1"}},
 		},
 		{
-			name:      "SPEC example, everything available",
+			name:      "kubelet example, everything available",
 			affinity:  maskPtr(2),
-			devices:   spec,
+			devices:   example,
 			available: []string{"dev1", "dev2", "dev3", "dev4", "dev5"},
 			want: Tiers{
 				Aligned: []string{"dev2", "dev3", "dev4"}, Unaligned: []string{"dev1"}, NoTopology: []string{"dev5"},
@@ -91,7 +91,7 @@ func TestFilterByAffinity(t *testing.T) {
 		{
 			name:      "nil affinity: everything without topology, sorted",
 			affinity:  nil,
-			devices:   spec,
+			devices:   example,
 			available: []string{"dev4", "dev1", "dev5"},
 			want:      Tiers{NoTopology: []string{"dev1", "dev4", "dev5"}},
 		},
@@ -126,7 +126,7 @@ func TestFilterByAffinity(t *testing.T) {
 		{
 			name:      "nothing available",
 			affinity:  maskPtr(0),
-			devices:   spec,
+			devices:   example,
 			available: nil,
 			want:      Tiers{},
 		},
@@ -140,7 +140,7 @@ func TestFilterByAffinity(t *testing.T) {
 }
 
 // TestTopologyAlignedAllocationTiers: the tiering part of the kubelet's
-// TestTopologyAlignedAllocation (SPEC 10.4). Taking the first n devices of
+// TestTopologyAlignedAllocation. Taking the first n devices of
 // Aligned, then Unaligned, then NoTopology must give the kubelet's NUMA
 // histogram.
 func TestTopologyAlignedAllocationTiers(t *testing.T) {

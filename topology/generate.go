@@ -26,7 +26,8 @@ type HintRequest struct {
 	Request int
 }
 
-// ResourceHints returns the topology hints of one resource (SPEC 5.2, 5.3):
+// ResourceHints returns the topology hints of one resource, as the kubelet's
+// GetTopologyHints (container scope) and GetPodTopologyHints (pod scope) do:
 //   - nil (no preference) when the resource is not topology-aware (Aware),
 //     or when MachineNodes holds no id in 0..63 (a machine without NUMA
 //     information);
@@ -77,7 +78,7 @@ func hasNode(d *pluginapi.Device) bool {
 }
 
 // GenerateHints enumerates the NUMA masks that can hold request devices of a
-// resource (the kubelet's generateDeviceTopologyHints, SPEC 5.4). It always
+// resource (the kubelet's generateDeviceTopologyHints). It always
 // returns a non-nil slice, empty when no mask fits.
 //
 // Candidate nodes are the NUMA nodes any device reports (healthy or not) that

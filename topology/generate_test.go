@@ -12,7 +12,7 @@ import (
 )
 
 // containerCase describes one resource as the device manager sees it when a
-// container asks for hints (SPEC 5.2).
+// container asks for hints (the kubelet's GetTopologyHints).
 type containerCase struct {
 	name      string
 	machine   []int // default {0,1}
@@ -46,7 +46,8 @@ func (c containerCase) hintRequest() HintRequest {
 }
 
 // runContainerCases checks exact results, order included: nil and empty
-// differ, and the order is the enumeration order of SPEC 5.4.
+// differ, and the order is the kubelet's enumeration order (by mask size,
+// then in combination order of the candidate nodes).
 func runContainerCases(t *testing.T, cases []containerCase) {
 	t.Helper()
 	for _, tc := range cases {
@@ -62,8 +63,9 @@ func runContainerCases(t *testing.T, cases []containerCase) {
 	}
 }
 
-// TestGetTopologyHints: the kubelet's common cases (SPEC 10.4) on a
-// two-node machine, with the 1.36 candidate-node rule of SPEC 5.4.
+// TestGetTopologyHints: the common cases of the kubelet's test of the same
+// name on a two-node machine, with the candidate-node rule of 1.36 (only the
+// nodes that carry devices are enumerated).
 func TestGetTopologyHints(t *testing.T) {
 	twoPerNode := []*pluginapi.Device{numaDev("Dev1", 0), numaDev("Dev2", 1), numaDev("Dev3", 0), numaDev("Dev4", 1)}
 	runContainerCases(t, []containerCase{
@@ -149,8 +151,8 @@ func TestGetTopologyHints(t *testing.T) {
 	})
 }
 
-// TestResourceHintsDecisions covers the per-resource decision of SPEC 5.2
-// beyond the kubelet's table.
+// TestResourceHintsDecisions covers the kubelet's per-resource decision (no
+// preference, impossible, or generated hints) beyond the kubelet's table.
 func TestResourceHintsDecisions(t *testing.T) {
 	twoPerNode := []*pluginapi.Device{numaDev("Dev1", 0), numaDev("Dev2", 1), numaDev("Dev3", 0), numaDev("Dev4", 1)}
 	runContainerCases(t, []containerCase{
@@ -402,7 +404,8 @@ func setOrNil(ids []string) sets.Set[string] {
 	return sets.New(ids...)
 }
 
-// TestDeviceNUMANodes: the nodes carrying devices, as candidates (SPEC 10.4).
+// TestDeviceNUMANodes: the nodes carrying devices, as candidates (the
+// kubelet's test of the same name).
 func TestDeviceNUMANodes(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -449,8 +452,8 @@ func TestDeviceNUMANodes(t *testing.T) {
 	}
 }
 
-// TestGenerateDeviceTopologyHintsFiltersNUMANodes: the worked examples at the
-// end of SPEC 5.4.
+// TestGenerateDeviceTopologyHintsFiltersNUMANodes: the cases of the kubelet's
+// test of the same name, a 34-node machine and reusable devices among them.
 func TestGenerateDeviceTopologyHintsFiltersNUMANodes(t *testing.T) {
 	tests := []struct {
 		name      string
@@ -511,7 +514,7 @@ func TestGenerateDeviceTopologyHintsFiltersNUMANodes(t *testing.T) {
 	}
 }
 
-// TestGetPodTopologyHints: pod scope (SPEC 5.3, 10.4): requests from
+// TestGetPodTopologyHints: pod scope, the kubelet's cases: requests from
 // PodRequests, held = the pod's devices, no reuse pool.
 func TestGetPodTopologyHints(t *testing.T) {
 	limits := func(kv ...any) v1.ResourceRequirements {

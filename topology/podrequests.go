@@ -4,7 +4,7 @@ import v1 "k8s.io/api/core/v1"
 
 // PodRequests returns what a pod needs of each resource over its life, from
 // container limits (Quantity.Value, rounded up), by the sidecar formula of
-// the kubelet's pod-scope hints (SPEC 5.3): the larger of
+// the kubelet's pod-scope hints: the larger of
 //   - the sum over app containers plus every restartable init container
 //     (sidecar), which run together, and
 //   - for each init container, its own limit plus the limits of the

@@ -25,8 +25,9 @@ func sidecar(name string, kv ...string) v1.Container {
 	return c
 }
 
-// TestGetPodDeviceRequest: the kubelet's table (SPEC 5.3), cpu and memory
-// included in the limits and dropped like the kubelet's caller does.
+// TestGetPodDeviceRequest: the table of the kubelet's test of the same name,
+// cpu and memory included in the limits and dropped like the kubelet's
+// caller does.
 func TestGetPodDeviceRequest(t *testing.T) {
 	devices := []string{"gpu", "nic"}
 	tests := []struct {
@@ -114,7 +115,8 @@ func TestGetPodDeviceRequest(t *testing.T) {
 	}
 }
 
-// TestPodRequestsSidecars: restartable init containers (SPEC 5.3).
+// TestPodRequestsSidecars: restartable init containers (the sidecar formula
+// of the kubelet's pod limits).
 func TestPodRequestsSidecars(t *testing.T) {
 	tests := []struct {
 		name string

@@ -18,7 +18,7 @@ import (
 
 	"github.com/openkubelet/devmgr/devicemanager"
 	"github.com/openkubelet/devmgr/internal/node"
-	"github.com/openkubelet/devmgr/topology"
+	"github.com/openkubelet/devmgr/topology/policy"
 )
 
 // maxPodBytes bounds a request body.
@@ -260,7 +260,7 @@ func admissionError(err error) (int, errorResponse) {
 		errors.Is(err, devicemanager.ErrAllocatedDeviceUnhealthy),
 		errors.Is(err, devicemanager.ErrUnregisteredResource):
 		code, resp.Reason = http.StatusConflict, reasonDevicesUnavailable
-	case errors.Is(err, &topology.AffinityError{}):
+	case errors.Is(err, &policy.AffinityError{}):
 		code, resp.Reason = http.StatusConflict, reasonTopologyAffinity
 	case errors.Is(err, node.ErrAdmissionInProgress):
 		code, resp.Reason = http.StatusConflict, reasonAdmissionInProgress

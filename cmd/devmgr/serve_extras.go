@@ -19,6 +19,7 @@ import (
 	"github.com/openkubelet/devmgr/internal/node"
 	"github.com/openkubelet/devmgr/podresources"
 	"github.com/openkubelet/devmgr/topology"
+	"github.com/openkubelet/devmgr/topology/policy"
 )
 
 // extraOptions are the flags of "devmgr serve" for what surrounds the device
@@ -33,7 +34,7 @@ type extraOptions struct {
 func (o *extraOptions) addFlags(f *pflag.FlagSet) {
 	f.StringVar(&o.podresourcesSocket, "podresources-socket", "", "serve the kubelet's podresources v1 API (List, GetAllocatableResources, Get) for the admitted pods on this unix socket (default: not served; the kubelet uses /var/lib/kubelet/pod-resources/kubelet.sock)")
 	f.StringVar(&o.metricsAddress, "metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, such as 127.0.0.1:9400 (port 0 picks a free port; the bound address is logged; default: not served)")
-	f.StringVar(&o.topologyPolicy, "topology-policy", topology.PolicyNone, "the topology manager policy applied to admissions: none, best-effort, restricted or single-numa-node (hints from the device manager, over --numa-nodes); the chosen NUMA affinity aligns the allocation")
+	f.StringVar(&o.topologyPolicy, "topology-policy", policy.None, "the topology manager policy applied to admissions: none, best-effort, restricted or single-numa-node (hints from the device manager, over --numa-nodes); the chosen NUMA affinity aligns the allocation")
 	f.StringVar(&o.pluginsRegistryDir, "plugins-registry-dir", "", "also accept plugins that register through the pluginregistration protocol in this directory, as the kubelet's /var/lib/kubelet/plugins_registry (default: only kubelet.sock)")
 }
 
@@ -45,8 +46,8 @@ type extraConfig struct {
 	metrics            *prometheus.Registry
 	// policy is the topology policy; store records its decisions (nil for
 	// the none policy).
-	policy topology.Policy
-	store  *topology.Store
+	policy policy.Policy
+	store  *policy.Store
 }
 
 func (o *extraOptions) config(base serveConfig) (extraConfig, error) {
@@ -75,15 +76,15 @@ func (o *extraOptions) config(base serveConfig) (extraConfig, error) {
 	}
 	name := o.topologyPolicy
 	if name == "" {
-		name = topology.PolicyNone
+		name = policy.None
 	}
-	policy, err := topology.NewPolicy(name, base.numaNodes)
+	p, err := policy.New(name, base.numaNodes)
 	if err != nil {
 		return cfg, fmt.Errorf("--topology-policy: %w", err)
 	}
-	cfg.policy = policy
-	if policy.Name() != topology.PolicyNone {
-		cfg.store = topology.NewStore()
+	cfg.policy = p
+	if p.Name() != policy.None {
+		cfg.store = policy.NewStore()
 	}
 	if o.metricsAddress != "" {
 		if _, _, err := net.SplitHostPort(o.metricsAddress); err != nil {

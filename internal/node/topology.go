@@ -3,7 +3,7 @@ package node
 import (
 	v1 "k8s.io/api/core/v1"
 
-	"github.com/openkubelet/devmgr/topology"
+	"github.com/openkubelet/devmgr/topology/policy"
 )
 
 // alignment is the topology manager of the node: before a container's
@@ -11,19 +11,19 @@ import (
 // policy and the chosen NUMA affinity is stored where the device manager
 // reads it (its Options.AffinityStore). nil: no alignment.
 type alignment struct {
-	store     *topology.Store
-	policy    topology.Policy
-	providers []topology.HintProvider
+	store     *policy.Store
+	policy    policy.Policy
+	providers []policy.HintProvider
 }
 
-// SetTopology makes every admission go through policy first, with the hints
-// of providers (the device manager, typically), recording the chosen
+// SetTopology makes every admission go through the policy p first, with the
+// hints of providers (the device manager, typically), recording the chosen
 // affinity in store. A policy that refuses a container fails its admission
-// with a *topology.AffinityError.
-func (n *Node) SetTopology(store *topology.Store, policy topology.Policy, providers ...topology.HintProvider) {
+// with a *policy.AffinityError.
+func (n *Node) SetTopology(store *policy.Store, p policy.Policy, providers ...policy.HintProvider) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	n.align = &alignment{store: store, policy: policy, providers: providers}
+	n.align = &alignment{store: store, policy: p, providers: providers}
 }
 
 func (n *Node) alignment() *alignment {

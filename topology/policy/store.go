@@ -1,17 +1,19 @@
-package topology
+package policy
 
 import (
 	"errors"
 	"sync"
 
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/openkubelet/devmgr/topology"
 )
 
 // HintProvider gives the topology hints of a container's resources, as
 // devicemanager.ManagerImpl does (the kubelet's topologymanager.HintProvider,
 // container scope).
 type HintProvider interface {
-	GetTopologyHints(pod *v1.Pod, container *v1.Container) map[string][]Hint
+	GetTopologyHints(pod *v1.Pod, container *v1.Container) map[string][]topology.Hint
 }
 
 // ErrNilContainer is returned by Store.Admit for a nil pod or container.
@@ -27,7 +29,7 @@ type AffinityError struct {
 	PodUID        string
 	ContainerName string
 	// Hint is the best hint the merge found, which the policy refused.
-	Hint Hint
+	Hint topology.Hint
 }
 
 // Error returns the kubelet's message for a refused admission.
@@ -45,8 +47,8 @@ func (e *AffinityError) Is(target error) bool {
 }
 
 // Store records the affinity chosen for each container, by pod UID and
-// container name, and gives it to the device manager (it is an
-// AffinityStore for devicemanager.Options.AffinityStore).
+// container name, and gives it to the device manager (it is a
+// topology.AffinityStore, for devicemanager.Options.AffinityStore).
 //
 // Store is the one stateful type of this package: every method is safe for
 // concurrent use. Hints go in and out as copies, so neither side can change
@@ -59,12 +61,12 @@ type Store struct {
 
 // storedHint is a Hint without its pointer.
 type storedHint struct {
-	affinity    BitMask
+	affinity    topology.BitMask
 	hasAffinity bool
 	preferred   bool
 }
 
-var _ AffinityStore = (*Store)(nil)
+var _ topology.AffinityStore = (*Store)(nil)
 
 // NewStore returns an empty Store.
 func NewStore() *Store {
@@ -72,7 +74,7 @@ func NewStore() *Store {
 }
 
 // SetAffinity records h for the container, replacing what was there.
-func (s *Store) SetAffinity(podUID, containerName string, h Hint) {
+func (s *Store) SetAffinity(podUID, containerName string, h topology.Hint) {
 	stored := storedHint{preferred: h.Preferred}
 	if h.NUMANodeAffinity != nil {
 		stored.affinity, stored.hasAffinity = *h.NUMANodeAffinity, true
@@ -89,11 +91,11 @@ func (s *Store) SetAffinity(podUID, containerName string, h Hint) {
 
 // GetAffinity returns the hint recorded for the container, or Hint{} (no
 // affinity) for a container it does not know.
-func (s *Store) GetAffinity(podUID, containerName string) Hint {
+func (s *Store) GetAffinity(podUID, containerName string) topology.Hint {
 	s.mu.RLock()
 	stored := s.pods[podUID][containerName]
 	s.mu.RUnlock()
-	h := Hint{Preferred: stored.preferred}
+	h := topology.Hint{Preferred: stored.preferred}
 	if stored.hasAffinity {
 		h.NUMANodeAffinity = &stored.affinity
 	}
@@ -110,19 +112,19 @@ func (s *Store) RemovePod(podUID string) {
 // Admit runs one container admission, as the kubelet's container scope
 // does: it asks every provider for the container's hints, merges them with
 // p and, if p admits the result, records it and returns it. If p refuses,
-// it records nothing and returns an *AffinityError. Under PolicyNone it asks
+// it records nothing and returns an *AffinityError. Under None it asks
 // no provider and records nothing (the container has no affinity), as the
 // kubelet's none policy. Nil providers are skipped. The store's lock is not
 // held while providers are asked: callers admit one container at a time, as
 // the kubelet does.
-func (s *Store) Admit(p Policy, pod *v1.Pod, container *v1.Container, providers ...HintProvider) (Hint, error) {
+func (s *Store) Admit(p Policy, pod *v1.Pod, container *v1.Container, providers ...HintProvider) (topology.Hint, error) {
 	if pod == nil || container == nil {
-		return Hint{}, ErrNilContainer
+		return topology.Hint{}, ErrNilContainer
 	}
-	if p.Name() == PolicyNone {
-		return Hint{}, nil
+	if p.Name() == None {
+		return topology.Hint{}, nil
 	}
-	hints := make([]map[string][]Hint, 0, len(providers))
+	hints := make([]map[string][]topology.Hint, 0, len(providers))
 	for _, hp := range providers {
 		if hp != nil {
 			hints = append(hints, hp.GetTopologyHints(pod, container))
@@ -130,7 +132,7 @@ func (s *Store) Admit(p Policy, pod *v1.Pod, container *v1.Container, providers 
 	}
 	best, admit := p.Merge(hints)
 	if !admit {
-		return Hint{}, &AffinityError{Policy: p.Name(), PodUID: string(pod.UID), ContainerName: container.Name, Hint: best}
+		return topology.Hint{}, &AffinityError{Policy: p.Name(), PodUID: string(pod.UID), ContainerName: container.Name, Hint: best}
 	}
 	s.SetAffinity(string(pod.UID), container.Name, best)
 	return best, nil

@@ -1,4 +1,4 @@
-package topology
+package policy
 
 import (
 	"fmt"
@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+
+	"github.com/openkubelet/devmgr/topology"
 )
 
 // benchHints returns the hints of provider k of four on a machine of n
@@ -15,15 +17,15 @@ import (
 // preferred. When conflicting, provider k prefers only the nodes i with
 // i%4 == k, so no permutation is preferred and the merge has to fold the
 // masks of every provider.
-func benchHints(n, k int, allMasks, conflicting bool) []Hint {
-	var hints []Hint
-	add := func(m BitMask) {
+func benchHints(n, k int, allMasks, conflicting bool) []topology.Hint {
+	var hints []topology.Hint
+	add := func(m topology.BitMask) {
 		preferred := m.Count() == 1 && (!conflicting || m.GetBits()[0]%4 == k)
-		hints = append(hints, Hint{NUMANodeAffinity: &m, Preferred: preferred})
+		hints = append(hints, topology.Hint{NUMANodeAffinity: &m, Preferred: preferred})
 	}
 	nodes := seqNodes(n)
 	if allMasks {
-		IterateBitMasks(nodes, add)
+		topology.IterateBitMasks(nodes, add)
 		return hints
 	}
 	for _, i := range nodes {
@@ -59,10 +61,10 @@ var policyBenches = []policyBench{
 	{name: "16nodes-allmasks-conflicting", nodes: 16, allMasks: true, conflicting: true},
 }
 
-func (c policyBench) providers() []map[string][]Hint {
-	out := make([]map[string][]Hint, 4)
+func (c policyBench) providers() []map[string][]topology.Hint {
+	out := make([]map[string][]topology.Hint, 4)
 	for k := range out {
-		out[k] = map[string][]Hint{fmt.Sprintf("res%d", k): benchHints(c.nodes, k, c.allMasks, c.conflicting)}
+		out[k] = map[string][]topology.Hint{fmt.Sprintf("res%d", k): benchHints(c.nodes, k, c.allMasks, c.conflicting)}
 	}
 	return out
 }
@@ -72,7 +74,7 @@ func (c policyBench) providers() []map[string][]Hint {
 func BenchmarkPolicyMerge(b *testing.B) {
 	for _, c := range policyBenches {
 		provs := c.providers()
-		p, err := NewPolicy(PolicyBestEffort, seqNodes(c.nodes))
+		p, err := New(BestEffort, seqNodes(c.nodes))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -96,7 +98,7 @@ func BenchmarkPolicyMergeNaive(b *testing.B) {
 		rng := rand.New(rand.NewPCG(1, 2))
 		b.Run(c.name, func(b *testing.B) {
 			for b.Loop() {
-				naivePolicyMerge(PolicyBestEffort, seqNodes(c.nodes), provs, rng)
+				naivePolicyMerge(BestEffort, seqNodes(c.nodes), provs, rng)
 			}
 		})
 	}
@@ -107,11 +109,11 @@ func BenchmarkPolicyMergeNaive(b *testing.B) {
 func TestPolicyBenchInputs(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i, c := range policyBenches {
-		got, admit := mustPolicy(t, PolicyBestEffort, seqNodes(c.nodes)...).Merge(c.providers())
+		got, admit := mustPolicy(t, BestEffort, seqNodes(c.nodes)...).Merge(c.providers())
 		assert.True(t, admit)
 		assert.Equal(t, hint(!c.conflicting, 0), got, c.name)
 		if i < 2 {
-			want, _ := naivePolicyMerge(PolicyBestEffort, seqNodes(c.nodes), c.providers(), rng)
+			want, _ := naivePolicyMerge(BestEffort, seqNodes(c.nodes), c.providers(), rng)
 			assert.Equal(t, want, got, c.name)
 		}
 	}

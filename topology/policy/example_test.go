@@ -1,4 +1,4 @@
-package topology_test
+package policy_test
 
 import (
 	"errors"
@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/openkubelet/devmgr/topology"
+	"github.com/openkubelet/devmgr/topology/policy"
 )
 
 // staticHints is a HintProvider giving the same hints for every container,
@@ -26,13 +27,13 @@ func nodes(ids ...int) *topology.BitMask {
 
 // The same hints under each policy: a GPU fits on either node of a
 // two-node machine, but the container's NIC is bonded across both nodes.
-func ExampleNewPolicy() {
+func ExampleNew() {
 	hints := []map[string][]topology.Hint{
 		{"vendor.com/gpu": {{NUMANodeAffinity: nodes(0), Preferred: true}, {NUMANodeAffinity: nodes(1), Preferred: true}, {NUMANodeAffinity: nodes(0, 1)}}},
 		{"vendor.com/nic": {{NUMANodeAffinity: nodes(0, 1), Preferred: true}}},
 	}
-	for _, name := range []string{topology.PolicyNone, topology.PolicyBestEffort, topology.PolicyRestricted, topology.PolicySingleNumaNode} {
-		p, err := topology.NewPolicy(name, []int{0, 1})
+	for _, name := range []string{policy.None, policy.BestEffort, policy.Restricted, policy.SingleNUMANode} {
+		p, err := policy.New(name, []int{0, 1})
 		if err != nil {
 			panic(err)
 		}
@@ -54,19 +55,19 @@ func ExampleStore_Admit() {
 	cpus := staticHints{"cpu": {{NUMANodeAffinity: nodes(1), Preferred: true}, {NUMANodeAffinity: nodes(0, 1)}}}
 	wideCPUs := staticHints{"cpu": {{NUMANodeAffinity: nodes(0, 1), Preferred: true}}}
 
-	policy, err := topology.NewPolicy(topology.PolicyRestricted, []int{0, 1})
+	restricted, err := policy.New(policy.Restricted, []int{0, 1})
 	if err != nil {
 		panic(err)
 	}
-	store := topology.NewStore()
+	store := policy.NewStore()
 	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{UID: "pod-1"}}
 
-	best, err := store.Admit(policy, pod, &v1.Container{Name: "app"}, gpus, cpus)
+	best, err := store.Admit(restricted, pod, &v1.Container{Name: "app"}, gpus, cpus)
 	fmt.Println("app:", best, err)
 	fmt.Println("the device manager reads:", store.GetAffinity("pod-1", "app").NUMANodeAffinity.GetBits())
 
-	_, err = store.Admit(policy, pod, &v1.Container{Name: "wide"}, gpus, wideCPUs)
-	var refused *topology.AffinityError
+	_, err = store.Admit(restricted, pod, &v1.Container{Name: "wide"}, gpus, wideCPUs)
+	var refused *policy.AffinityError
 	if errors.As(err, &refused) {
 		fmt.Printf("wide: %v (best was %v)\n", err, refused.Hint)
 	}

@@ -1,30 +1,32 @@
-package topology
+package policy
 
 import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/openkubelet/devmgr/topology"
 )
 
 // anyHint is a hint without affinity.
-func anyHint(preferred bool) Hint { return Hint{Preferred: preferred} }
+func anyHint(preferred bool) topology.Hint { return topology.Hint{Preferred: preferred} }
 
 // res is one provider's map: resource name, hints, name, hints, ...
-func res(kv ...any) map[string][]Hint {
-	m := make(map[string][]Hint, len(kv)/2)
+func res(kv ...any) map[string][]topology.Hint {
+	m := make(map[string][]topology.Hint, len(kv)/2)
 	for i := 0; i < len(kv); i += 2 {
-		hints, _ := kv[i+1].([]Hint)
+		hints, _ := kv[i+1].([]topology.Hint)
 		m[kv[i].(string)] = hints
 	}
 	return m
 }
 
-func providers(maps ...map[string][]Hint) []map[string][]Hint { return maps }
+func providers(maps ...map[string][]topology.Hint) []map[string][]topology.Hint { return maps }
 
 func mustPolicy(t *testing.T, name string, nodes ...int) Policy {
 	t.Helper()
-	p, err := NewPolicy(name, nodes)
+	p, err := New(name, nodes)
 	require.NoError(t, err)
 	return p
 }
@@ -39,9 +41,9 @@ func TestPolicyMerge(t *testing.T) {
 	fullPreferred := hint(true, 0, 1, 2, 3)
 	tests := []struct {
 		name      string
-		providers []map[string][]Hint
-		merged    Hint
-		single    Hint
+		providers []map[string][]topology.Hint
+		merged    topology.Hint
+		single    topology.Hint
 	}{
 		{name: "no providers", merged: fullPreferred, single: anyHint(true)},
 		{name: "a provider with a nil map", providers: providers(nil), merged: fullPreferred, single: anyHint(true)},
@@ -53,112 +55,112 @@ func TestPolicyMerge(t *testing.T) {
 		},
 		{
 			name:      "empty hint list: cannot be satisfied",
-			providers: providers(res("gpu", []Hint{})),
+			providers: providers(res("gpu", []topology.Hint{})),
 			merged:    full, single: anyHint(false),
 		},
 		{
 			name:      "preferred hint without affinity",
-			providers: providers(res("gpu", []Hint{anyHint(true)})),
+			providers: providers(res("gpu", []topology.Hint{anyHint(true)})),
 			merged:    fullPreferred, single: anyHint(true),
 		},
 		{
 			name:      "hint without affinity, not preferred",
-			providers: providers(res("gpu", []Hint{anyHint(false)})),
+			providers: providers(res("gpu", []topology.Hint{anyHint(false)})),
 			merged:    full, single: anyHint(false),
 		},
 		{
 			name:      "one provider: the narrowest preferred hint, lowest node first",
-			providers: providers(res("gpu", []Hint{hint(true, 1), hint(true, 0), hint(false, 0, 1)})),
+			providers: providers(res("gpu", []topology.Hint{hint(true, 1), hint(true, 0), hint(false, 0, 1)})),
 			merged:    hint(true, 0), single: hint(true, 0),
 		},
 		{
 			name: "two providers agree",
 			providers: providers(
-				res("gpu", []Hint{hint(true, 1)}),
-				res("nic", []Hint{hint(true, 1)})),
+				res("gpu", []topology.Hint{hint(true, 1)}),
+				res("nic", []topology.Hint{hint(true, 1)})),
 			merged: hint(true, 1), single: hint(true, 1),
 		},
 		{
 			name: "two providers, no common node",
 			providers: providers(
-				res("gpu", []Hint{hint(true, 0)}),
-				res("nic", []Hint{hint(true, 1)})),
+				res("gpu", []topology.Hint{hint(true, 0)}),
+				res("nic", []topology.Hint{hint(true, 1)})),
 			merged: full, single: anyHint(false),
 		},
 		{
 			name: "same node, one hint not preferred",
 			providers: providers(
-				res("gpu", []Hint{hint(true, 0)}),
-				res("nic", []Hint{hint(false, 0)})),
+				res("gpu", []topology.Hint{hint(true, 0)}),
+				res("nic", []topology.Hint{hint(false, 0)})),
 			merged: hint(false, 0), single: anyHint(false),
 		},
 		{
 			// kubernetes#108052: preferred only when the affinities are equal.
 			name: "preferred hints of different widths are not aligned",
 			providers: providers(
-				res("gpu", []Hint{hint(true, 0)}),
-				res("nic", []Hint{hint(true, 0, 1)})),
+				res("gpu", []topology.Hint{hint(true, 0)}),
+				res("nic", []topology.Hint{hint(true, 0, 1)})),
 			merged: hint(false, 0), single: anyHint(false),
 		},
 		{
 			name: "two providers, the narrower preferred hint of both",
 			providers: providers(
-				res("gpu", []Hint{hint(true, 0), hint(true, 1)}),
-				res("nic", []Hint{hint(true, 0), hint(false, 0, 1)})),
+				res("gpu", []topology.Hint{hint(true, 0), hint(true, 1)}),
+				res("nic", []topology.Hint{hint(true, 0), hint(false, 0, 1)})),
 			merged: hint(true, 0), single: hint(true, 0),
 		},
 		{
 			name: "a wider preferred merge beats a narrower one that is not preferred",
 			providers: providers(
-				res("gpu", []Hint{hint(true, 1), hint(false, 0, 1)}),
-				res("nic", []Hint{hint(true, 0), hint(true, 1), hint(false, 0, 1)})),
+				res("gpu", []topology.Hint{hint(true, 1), hint(false, 0, 1)}),
+				res("nic", []topology.Hint{hint(true, 0), hint(true, 1), hint(false, 0, 1)})),
 			merged: hint(true, 1), single: hint(true, 1),
 		},
 		{
 			name: "several resources of one provider",
 			providers: providers(res(
-				"gpu", []Hint{hint(true, 1), hint(false, 0, 1)},
-				"nic", []Hint{hint(true, 0), hint(true, 1), hint(false, 0, 1)})),
+				"gpu", []topology.Hint{hint(true, 1), hint(false, 0, 1)},
+				"nic", []topology.Hint{hint(true, 0), hint(true, 1), hint(false, 0, 1)})),
 			merged: hint(true, 1), single: hint(true, 1),
 		},
 		{
 			name: "equal widths: the lower mask",
 			providers: providers(
-				res("gpu", []Hint{hint(true, 0, 2), hint(true, 0, 1)}),
-				res("nic", []Hint{hint(true, 0, 2), hint(true, 0, 1)})),
+				res("gpu", []topology.Hint{hint(true, 0, 2), hint(true, 0, 1)}),
+				res("nic", []topology.Hint{hint(true, 0, 2), hint(true, 0, 1)})),
 			merged: hint(true, 0, 1), single: anyHint(false),
 		},
 		{
 			name: "a provider without preference does not disturb the others",
 			providers: providers(
-				res("gpu", []Hint{hint(true, 0), hint(true, 1), hint(false, 0, 1)}),
+				res("gpu", []topology.Hint{hint(true, 0), hint(true, 1), hint(false, 0, 1)}),
 				nil),
 			merged: hint(true, 0), single: hint(true, 0),
 		},
 		{
 			name:      "a resource without preference next to one with hints",
-			providers: providers(res("gpu", []Hint{hint(true, 2), hint(false, 2, 3)}, "nic", nil)),
+			providers: providers(res("gpu", []topology.Hint{hint(true, 2), hint(false, 2, 3)}, "nic", nil)),
 			merged:    hint(true, 2), single: hint(true, 2),
 		},
 		{
 			name: "single-numa-node drops multi-node hints, even preferred ones",
 			providers: providers(res(
-				"gpu", []Hint{hint(true, 0, 1)},
-				"nic", []Hint{hint(true, 0), hint(true, 1), hint(false, 0, 1)})),
+				"gpu", []topology.Hint{hint(true, 0, 1)},
+				"nic", []topology.Hint{hint(true, 0), hint(true, 1), hint(false, 0, 1)})),
 			merged: hint(false, 0, 1), single: anyHint(false),
 		},
 		{
 			name: "single-numa-node drops single-node hints that are not preferred",
 			providers: providers(
-				res("gpu", []Hint{hint(false, 3)}),
-				res("nic", []Hint{hint(true, 3)})),
+				res("gpu", []topology.Hint{hint(false, 3)}),
+				res("nic", []topology.Hint{hint(true, 3)})),
 			merged: hint(false, 3), single: anyHint(false),
 		},
 		{
 			name: "a two-node request met by both providers",
 			providers: providers(
-				res("gpu", []Hint{hint(true, 2, 3), hint(false, 0, 1, 2, 3)}),
-				res("nic", []Hint{hint(true, 2, 3)})),
+				res("gpu", []topology.Hint{hint(true, 2, 3), hint(false, 0, 1, 2, 3)}),
+				res("nic", []topology.Hint{hint(true, 2, 3)})),
 			merged: hint(true, 2, 3), single: anyHint(false),
 		},
 		// The kubelet's bestNonPreferredAffinityCount cases: no permutation
@@ -167,67 +169,67 @@ func TestPolicyMerge(t *testing.T) {
 		{
 			name: "not preferred: the target width (1)",
 			providers: providers(
-				res("gpu", []Hint{hint(false, 0, 1, 2, 3), hint(false, 0, 1)}),
-				res("nic", []Hint{hint(false, 0, 1)})),
+				res("gpu", []topology.Hint{hint(false, 0, 1, 2, 3), hint(false, 0, 1)}),
+				res("nic", []topology.Hint{hint(false, 0, 1)})),
 			merged: hint(false, 0, 1), single: anyHint(false),
 		},
 		{
 			name: "not preferred: the target width (2)",
 			providers: providers(
-				res("gpu", []Hint{hint(false, 0, 1, 2, 3), hint(false, 0, 1)}),
-				res("nic", []Hint{hint(false, 0, 3)})),
+				res("gpu", []topology.Hint{hint(false, 0, 1, 2, 3), hint(false, 0, 1)}),
+				res("nic", []topology.Hint{hint(false, 0, 3)})),
 			merged: hint(false, 0, 3), single: anyHint(false),
 		},
 		{
 			name: "not preferred: the target width (3)",
 			providers: providers(
-				res("gpu", []Hint{hint(false, 0, 1, 2, 3), hint(false, 0, 1)}),
-				res("nic", []Hint{hint(false, 1, 2)})),
+				res("gpu", []topology.Hint{hint(false, 0, 1, 2, 3), hint(false, 0, 1)}),
+				res("nic", []topology.Hint{hint(false, 1, 2)})),
 			merged: hint(false, 1, 2), single: anyHint(false),
 		},
 		{
 			name: "not preferred: the target width (4)",
 			providers: providers(
-				res("gpu", []Hint{hint(false, 0, 1, 2, 3), hint(false, 0, 1)}),
-				res("nic", []Hint{hint(false, 2, 3)})),
+				res("gpu", []topology.Hint{hint(false, 0, 1, 2, 3), hint(false, 0, 1)}),
+				res("nic", []topology.Hint{hint(false, 2, 3)})),
 			merged: hint(false, 2, 3), single: anyHint(false),
 		},
 		{
 			name: "not preferred: the target width, lowest mask (5)",
 			providers: providers(
-				res("gpu", []Hint{hint(false, 0, 1, 2, 3), hint(false, 0, 1)}),
-				res("nic", []Hint{hint(false, 1, 2), hint(false, 2, 3)})),
+				res("gpu", []topology.Hint{hint(false, 0, 1, 2, 3), hint(false, 0, 1)}),
+				res("nic", []topology.Hint{hint(false, 1, 2), hint(false, 2, 3)})),
 			merged: hint(false, 1, 2), single: anyHint(false),
 		},
 		{
 			name: "not preferred: the target width, lowest mask (6)",
 			providers: providers(
-				res("gpu", []Hint{hint(false, 0, 1, 2, 3), hint(false, 0, 1)}),
-				res("nic", []Hint{hint(false, 1, 2, 3), hint(false, 1, 2), hint(false, 1, 3), hint(false, 2, 3)})),
+				res("gpu", []topology.Hint{hint(false, 0, 1, 2, 3), hint(false, 0, 1)}),
+				res("nic", []topology.Hint{hint(false, 1, 2, 3), hint(false, 1, 2), hint(false, 1, 3), hint(false, 2, 3)})),
 			merged: hint(false, 1, 2), single: anyHint(false),
 		},
 		{
 			name: "not preferred: below the target, the wider merge",
 			providers: providers(
-				res("gpu", []Hint{hint(false, 0, 1, 2, 3)}),
-				res("nic", []Hint{hint(false, 0), hint(false, 1, 2)})),
+				res("gpu", []topology.Hint{hint(false, 0, 1, 2, 3)}),
+				res("nic", []topology.Hint{hint(false, 0), hint(false, 1, 2)})),
 			merged: hint(false, 1, 2), single: anyHint(false),
 		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			for _, name := range []string{PolicyBestEffort, PolicyRestricted} {
+			for _, name := range []string{BestEffort, Restricted} {
 				got, admit := mustPolicy(t, name, 0, 1, 2, 3).Merge(tc.providers)
 				assert.Equal(t, tc.merged, got, name)
-				assert.Equal(t, name == PolicyBestEffort || tc.merged.Preferred, admit, name)
+				assert.Equal(t, name == BestEffort || tc.merged.Preferred, admit, name)
 			}
-			got, admit := mustPolicy(t, PolicySingleNumaNode, 0, 1, 2, 3).Merge(tc.providers)
-			assert.Equal(t, tc.single, got, PolicySingleNumaNode)
-			assert.Equal(t, tc.single.Preferred, admit, PolicySingleNumaNode)
+			got, admit := mustPolicy(t, SingleNUMANode, 0, 1, 2, 3).Merge(tc.providers)
+			assert.Equal(t, tc.single, got, SingleNUMANode)
+			assert.Equal(t, tc.single.Preferred, admit, SingleNUMANode)
 
-			got, admit = mustPolicy(t, PolicyNone).Merge(tc.providers)
-			assert.Equal(t, Hint{}, got, PolicyNone)
-			assert.True(t, admit, PolicyNone)
+			got, admit = mustPolicy(t, None).Merge(tc.providers)
+			assert.Equal(t, topology.Hint{}, got, None)
+			assert.True(t, admit, None)
 		})
 	}
 }
@@ -238,48 +240,48 @@ func TestPolicyMergeMachine(t *testing.T) {
 		name      string
 		policy    string
 		nodes     []int
-		providers []map[string][]Hint
-		want      Hint
+		providers []map[string][]topology.Hint
+		want      topology.Hint
 		admit     bool
 	}{
 		{
-			name: "single-numa-node on a one-node machine: the node is 'any node'", policy: PolicySingleNumaNode,
-			nodes: []int{0}, providers: providers(res("gpu", []Hint{hint(true, 0)})),
+			name: "single-numa-node on a one-node machine: the node is 'any node'", policy: SingleNUMANode,
+			nodes: []int{0}, providers: providers(res("gpu", []topology.Hint{hint(true, 0)})),
 			want: anyHint(true), admit: true,
 		},
 		{
-			name: "nodes the machine lacks are dropped from the merge", policy: PolicyRestricted,
-			nodes: []int{0, 1}, providers: providers(res("gpu", []Hint{hint(true, 0, 2)}), res("nic", []Hint{hint(true, 0, 2)})),
+			name: "nodes the machine lacks are dropped from the merge", policy: Restricted,
+			nodes: []int{0, 1}, providers: providers(res("gpu", []topology.Hint{hint(true, 0, 2)}), res("nic", []topology.Hint{hint(true, 0, 2)})),
 			want: hint(true, 0), admit: true,
 		},
 		{
-			name: "equal after dropping is not equal: not preferred", policy: PolicyRestricted,
-			nodes: []int{0, 1}, providers: providers(res("gpu", []Hint{hint(true, 0, 2)}), res("nic", []Hint{hint(true, 0, 3)})),
+			name: "equal after dropping is not equal: not preferred", policy: Restricted,
+			nodes: []int{0, 1}, providers: providers(res("gpu", []topology.Hint{hint(true, 0, 2)}), res("nic", []topology.Hint{hint(true, 0, 3)})),
 			want: hint(false, 0), admit: false,
 		},
 		{
-			name: "a hint only on nodes the machine lacks", policy: PolicyBestEffort,
-			nodes: []int{0, 1}, providers: providers(res("gpu", []Hint{hint(true, 2)})),
+			name: "a hint only on nodes the machine lacks", policy: BestEffort,
+			nodes: []int{0, 1}, providers: providers(res("gpu", []topology.Hint{hint(true, 2)})),
 			want: hint(false, 0, 1), admit: true,
 		},
 		{
-			name: "an empty mask is not 'any node'", policy: PolicyBestEffort,
-			nodes: []int{0, 1}, providers: providers(res("gpu", []Hint{hint(true)})),
+			name: "an empty mask is not 'any node'", policy: BestEffort,
+			nodes: []int{0, 1}, providers: providers(res("gpu", []topology.Hint{hint(true)})),
 			want: hint(false, 0, 1), admit: true,
 		},
 		{
-			name: "sparse node ids: 'any node' is the machine's", policy: PolicyBestEffort,
+			name: "sparse node ids: 'any node' is the machine's", policy: BestEffort,
 			nodes: []int{3, 1, 3}, providers: providers(res("gpu", nil)),
 			want: hint(true, 1, 3), admit: true,
 		},
 		{
-			name: "single-numa-node with sparse ids", policy: PolicySingleNumaNode,
-			nodes: []int{1, 3}, providers: providers(res("gpu", []Hint{hint(true, 3), hint(true, 1), hint(false, 1, 3)})),
+			name: "single-numa-node with sparse ids", policy: SingleNUMANode,
+			nodes: []int{1, 3}, providers: providers(res("gpu", []topology.Hint{hint(true, 3), hint(true, 1), hint(false, 1, 3)})),
 			want: hint(true, 1), admit: true,
 		},
 		{
-			name: "node 63", policy: PolicySingleNumaNode,
-			nodes: []int{62, 63}, providers: providers(res("gpu", []Hint{hint(true, 63)}), res("nic", []Hint{hint(true, 63), anyHint(true)})),
+			name: "node 63", policy: SingleNUMANode,
+			nodes: []int{62, 63}, providers: providers(res("gpu", []topology.Hint{hint(true, 63)}), res("nic", []topology.Hint{hint(true, 63), anyHint(true)})),
 			want: hint(true, 63), admit: true,
 		},
 	}
@@ -292,41 +294,41 @@ func TestPolicyMergeMachine(t *testing.T) {
 	}
 }
 
-func TestNewPolicy(t *testing.T) {
-	for _, name := range []string{PolicyNone, PolicyBestEffort, PolicyRestricted, PolicySingleNumaNode} {
-		p, err := NewPolicy(name, []int{0, 1})
+func TestNew(t *testing.T) {
+	for _, name := range []string{None, BestEffort, Restricted, SingleNUMANode} {
+		p, err := New(name, []int{0, 1})
 		require.NoError(t, err, name)
 		assert.Equal(t, name, p.Name())
 	}
 
-	_, err := NewPolicy("prefer-closest", []int{0})
-	require.ErrorIs(t, err, ErrUnknownPolicy)
+	_, err := New("prefer-closest", []int{0})
+	require.ErrorIs(t, err, ErrUnknown)
 	assert.EqualError(t, err, `unknown policy: "prefer-closest"`)
 
-	_, err = NewPolicy(PolicyRestricted, nil)
+	_, err = New(Restricted, nil)
 	require.ErrorIs(t, err, ErrNoNUMANodes)
 
-	_, err = NewPolicy(PolicyBestEffort, []int{0, 64})
-	require.ErrorIs(t, err, ErrBitOutOfRange)
+	_, err = New(BestEffort, []int{0, 64})
+	require.ErrorIs(t, err, topology.ErrBitOutOfRange)
 
-	p, err := NewPolicy(PolicyNone, nil)
+	p, err := New(None, nil)
 	require.NoError(t, err, "none ignores the nodes")
-	assert.Equal(t, PolicyNone, p.Name())
+	assert.Equal(t, None, p.Name())
 
 	// No eight-node limit: devmgr's merge is not exponential.
-	_, err = NewPolicy(PolicySingleNumaNode, seqNodes(64))
+	_, err = New(SingleNUMANode, seqNodes(64))
 	require.NoError(t, err)
 }
 
 // TestMergeLeavesInputAlone: Merge neither changes its arguments nor returns
 // memory they share.
 func TestMergeLeavesInputAlone(t *testing.T) {
-	in := providers(res("gpu", []Hint{hint(true, 0), hint(false, 0, 1)}), res("nic", []Hint{hint(true, 0)}))
-	for _, name := range []string{PolicyBestEffort, PolicyRestricted, PolicySingleNumaNode} {
+	in := providers(res("gpu", []topology.Hint{hint(true, 0), hint(false, 0, 1)}), res("nic", []topology.Hint{hint(true, 0)}))
+	for _, name := range []string{BestEffort, Restricted, SingleNUMANode} {
 		got, _ := mustPolicy(t, name, 0, 1).Merge(in)
 		require.NotNil(t, got.NUMANodeAffinity, name)
 		*got.NUMANodeAffinity = mask(1)
-		assert.Equal(t, providers(res("gpu", []Hint{hint(true, 0), hint(false, 0, 1)}), res("nic", []Hint{hint(true, 0)})), in, name)
+		assert.Equal(t, providers(res("gpu", []topology.Hint{hint(true, 0), hint(false, 0, 1)}), res("nic", []topology.Hint{hint(true, 0)})), in, name)
 	}
 }
 
@@ -362,16 +364,16 @@ func TestBeatsNotPreferred(t *testing.T) {
 
 func TestNotPreferredTarget(t *testing.T) {
 	tests := []struct {
-		lists [][]Hint
+		lists [][]topology.Hint
 		want  int
 	}{
 		{lists: nil, want: 0},
-		{lists: [][]Hint{{anyHint(true)}}, want: 0},
-		{lists: [][]Hint{{hint(true)}}, want: 0},
-		{lists: [][]Hint{{hint(true, 0)}}, want: 1},
-		{lists: [][]Hint{{hint(true, 0, 1), hint(true, 0, 1, 2)}}, want: 2},
-		{lists: [][]Hint{{hint(true, 0, 1), hint(true, 0, 1, 2)}, {hint(true, 0, 1, 2)}}, want: 3},
-		{lists: [][]Hint{{hint(true, 0, 1), anyHint(false)}, {hint(true, 0, 1, 2), hint(true, 0, 1, 2, 3)}}, want: 3},
+		{lists: [][]topology.Hint{{anyHint(true)}}, want: 0},
+		{lists: [][]topology.Hint{{hint(true)}}, want: 0},
+		{lists: [][]topology.Hint{{hint(true, 0)}}, want: 1},
+		{lists: [][]topology.Hint{{hint(true, 0, 1), hint(true, 0, 1, 2)}}, want: 2},
+		{lists: [][]topology.Hint{{hint(true, 0, 1), hint(true, 0, 1, 2)}, {hint(true, 0, 1, 2)}}, want: 3},
+		{lists: [][]topology.Hint{{hint(true, 0, 1), anyHint(false)}, {hint(true, 0, 1, 2), hint(true, 0, 1, 2, 3)}}, want: 3},
 	}
 	for _, tc := range tests {
 		assert.Equal(t, tc.want, notPreferredTarget(tc.lists), "%v", tc.lists)

@@ -1,4 +1,4 @@
-package topology
+package policy
 
 import (
 	"errors"
@@ -11,15 +11,17 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/openkubelet/devmgr/topology"
 )
 
 // fakeProvider returns the same hints for every container and counts calls.
 type fakeProvider struct {
-	hints map[string][]Hint
+	hints map[string][]topology.Hint
 	calls int
 }
 
-func (f *fakeProvider) GetTopologyHints(_ *v1.Pod, _ *v1.Container) map[string][]Hint {
+func (f *fakeProvider) GetTopologyHints(_ *v1.Pod, _ *v1.Container) map[string][]topology.Hint {
 	f.calls++
 	return f.hints
 }
@@ -30,7 +32,7 @@ func testPod(uid string) *v1.Pod {
 
 func TestStoreSetGetRemove(t *testing.T) {
 	s := NewStore()
-	assert.Equal(t, Hint{}, s.GetAffinity("pod", "ctr"), "unknown container")
+	assert.Equal(t, topology.Hint{}, s.GetAffinity("pod", "ctr"), "unknown container")
 
 	s.SetAffinity("pod", "ctr", hint(true, 1))
 	s.SetAffinity("pod", "side", anyHint(true))
@@ -38,14 +40,14 @@ func TestStoreSetGetRemove(t *testing.T) {
 	assert.Equal(t, hint(true, 1), s.GetAffinity("pod", "ctr"))
 	assert.Equal(t, anyHint(true), s.GetAffinity("pod", "side"))
 	assert.Equal(t, hint(false, 0, 1), s.GetAffinity("other", "ctr"))
-	assert.Equal(t, Hint{}, s.GetAffinity("pod", "missing"))
+	assert.Equal(t, topology.Hint{}, s.GetAffinity("pod", "missing"))
 
 	s.SetAffinity("pod", "ctr", hint(false, 63))
 	assert.Equal(t, hint(false, 63), s.GetAffinity("pod", "ctr"), "replaced")
 
 	s.RemovePod("pod")
-	assert.Equal(t, Hint{}, s.GetAffinity("pod", "ctr"))
-	assert.Equal(t, Hint{}, s.GetAffinity("pod", "side"))
+	assert.Equal(t, topology.Hint{}, s.GetAffinity("pod", "ctr"))
+	assert.Equal(t, topology.Hint{}, s.GetAffinity("pod", "side"))
 	assert.Equal(t, hint(false, 0, 1), s.GetAffinity("other", "ctr"), "other pods stay")
 	s.RemovePod("never-seen")
 }
@@ -88,15 +90,15 @@ func TestStoreConcurrent(t *testing.T) {
 }
 
 func TestStoreAdmit(t *testing.T) {
-	gpu := &fakeProvider{hints: res("gpu", []Hint{hint(true, 0), hint(true, 1), hint(false, 0, 1)})}
-	nic := &fakeProvider{hints: res("nic", []Hint{hint(true, 1), hint(false, 0, 1)})}
-	farNIC := &fakeProvider{hints: res("nic", []Hint{hint(false, 0, 1)})}
+	gpu := &fakeProvider{hints: res("gpu", []topology.Hint{hint(true, 0), hint(true, 1), hint(false, 0, 1)})}
+	nic := &fakeProvider{hints: res("nic", []topology.Hint{hint(true, 1), hint(false, 0, 1)})}
+	farNIC := &fakeProvider{hints: res("nic", []topology.Hint{hint(false, 0, 1)})}
 	pod := testPod("uid-1")
 	ctr := &v1.Container{Name: "app"}
 
 	t.Run("admitted: recorded", func(t *testing.T) {
 		s := NewStore()
-		got, err := s.Admit(mustPolicy(t, PolicyRestricted, 0, 1), pod, ctr, gpu, nil, nic)
+		got, err := s.Admit(mustPolicy(t, Restricted, 0, 1), pod, ctr, gpu, nil, nic)
 		require.NoError(t, err)
 		assert.Equal(t, hint(true, 1), got)
 		assert.Equal(t, hint(true, 1), s.GetAffinity("uid-1", "app"))
@@ -105,7 +107,7 @@ func TestStoreAdmit(t *testing.T) {
 	t.Run("refused: typed error, nothing recorded", func(t *testing.T) {
 		s := NewStore()
 		s.SetAffinity("uid-1", "app", hint(true, 0)) // an earlier admission
-		_, err := s.Admit(mustPolicy(t, PolicyRestricted, 0, 1), pod, ctr, gpu, farNIC)
+		_, err := s.Admit(mustPolicy(t, Restricted, 0, 1), pod, ctr, gpu, farNIC)
 		require.Error(t, err)
 		assert.EqualError(t, err, "Resources cannot be allocated with Topology locality")
 		require.ErrorIs(t, err, &AffinityError{})
@@ -114,14 +116,14 @@ func TestStoreAdmit(t *testing.T) {
 		assert.NotErrorIs(t, errors.New("Resources cannot be allocated with Topology locality"), &AffinityError{})
 		var ae *AffinityError
 		require.ErrorAs(t, wrapped, &ae)
-		assert.Equal(t, AffinityError{Policy: PolicyRestricted, PodUID: "uid-1", ContainerName: "app", Hint: hint(false, 0, 1)}, *ae)
+		assert.Equal(t, AffinityError{Policy: Restricted, PodUID: "uid-1", ContainerName: "app", Hint: hint(false, 0, 1)}, *ae)
 		assert.Equal(t, "TopologyAffinityError", ae.Reason())
 		assert.Equal(t, hint(true, 0), s.GetAffinity("uid-1", "app"), "the refusal records nothing")
 	})
 
 	t.Run("best-effort admits what restricted refuses", func(t *testing.T) {
 		s := NewStore()
-		got, err := s.Admit(mustPolicy(t, PolicyBestEffort, 0, 1), pod, ctr, gpu, farNIC)
+		got, err := s.Admit(mustPolicy(t, BestEffort, 0, 1), pod, ctr, gpu, farNIC)
 		require.NoError(t, err)
 		assert.Equal(t, hint(false, 0, 1), got)
 		assert.Equal(t, hint(false, 0, 1), s.GetAffinity("uid-1", "app"))
@@ -129,7 +131,7 @@ func TestStoreAdmit(t *testing.T) {
 
 	t.Run("single-numa-node: 'any node' is recorded as no affinity", func(t *testing.T) {
 		s := NewStore()
-		got, err := s.Admit(mustPolicy(t, PolicySingleNumaNode, 0, 1), pod, ctr, &fakeProvider{})
+		got, err := s.Admit(mustPolicy(t, SingleNUMANode, 0, 1), pod, ctr, &fakeProvider{})
 		require.NoError(t, err)
 		assert.Equal(t, anyHint(true), got)
 		assert.Equal(t, anyHint(true), s.GetAffinity("uid-1", "app"))
@@ -138,18 +140,18 @@ func TestStoreAdmit(t *testing.T) {
 	t.Run("none asks no provider and records nothing", func(t *testing.T) {
 		s := NewStore()
 		p := &fakeProvider{hints: gpu.hints}
-		got, err := s.Admit(mustPolicy(t, PolicyNone), pod, ctr, p)
+		got, err := s.Admit(mustPolicy(t, None), pod, ctr, p)
 		require.NoError(t, err)
-		assert.Equal(t, Hint{}, got)
+		assert.Equal(t, topology.Hint{}, got)
 		assert.Zero(t, p.calls)
 		assert.Empty(t, s.pods)
 	})
 
 	t.Run("nil pod or container", func(t *testing.T) {
 		s := NewStore()
-		_, err := s.Admit(mustPolicy(t, PolicyBestEffort, 0), nil, ctr)
+		_, err := s.Admit(mustPolicy(t, BestEffort, 0), nil, ctr)
 		require.ErrorIs(t, err, ErrNilContainer)
-		_, err = s.Admit(mustPolicy(t, PolicyBestEffort, 0), pod, nil)
+		_, err = s.Admit(mustPolicy(t, BestEffort, 0), pod, nil)
 		require.ErrorIs(t, err, ErrNilContainer)
 	})
 }

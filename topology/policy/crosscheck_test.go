@@ -1,4 +1,4 @@
-package topology
+package policy
 
 import (
 	"fmt"
@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/openkubelet/devmgr/topology"
 )
 
 // naivePolicyMerge is the kubelet's policy merge written out plainly: every
@@ -17,16 +19,16 @@ import (
 // another, with the kubelet's case-by-case comparison. The lists and the
 // hints inside them are shuffled with rng first: the kubelet reads them from
 // maps, in no fixed order, and the decision must not depend on it.
-func naivePolicyMerge(name string, machineNodes []int, providersHints []map[string][]Hint, rng *rand.Rand) (Hint, bool) {
-	if name == PolicyNone {
-		return Hint{}, true
+func naivePolicyMerge(name string, machineNodes []int, providersHints []map[string][]topology.Hint, rng *rand.Rand) (topology.Hint, bool) {
+	if name == None {
+		return topology.Hint{}, true
 	}
 	machine := mask(machineNodes...)
 
-	var lists [][]Hint
+	var lists [][]topology.Hint
 	for _, byResource := range providersHints {
 		if len(byResource) == 0 {
-			lists = append(lists, []Hint{{Preferred: true}})
+			lists = append(lists, []topology.Hint{{Preferred: true}})
 			continue
 		}
 		names := make([]string, 0, len(byResource))
@@ -37,17 +39,17 @@ func naivePolicyMerge(name string, machineNodes []int, providersHints []map[stri
 		for _, r := range names {
 			switch hints := byResource[r]; {
 			case hints == nil:
-				lists = append(lists, []Hint{{Preferred: true}})
+				lists = append(lists, []topology.Hint{{Preferred: true}})
 			case len(hints) == 0:
-				lists = append(lists, []Hint{{Preferred: false}})
+				lists = append(lists, []topology.Hint{{Preferred: false}})
 			default:
 				lists = append(lists, slices.Clone(hints))
 			}
 		}
 	}
-	if name == PolicySingleNumaNode {
+	if name == SingleNUMANode {
 		for i, hints := range lists {
-			var kept []Hint
+			var kept []topology.Hint
 			for _, h := range hints {
 				if h.Preferred && (h.NUMANodeAffinity == nil || h.NUMANodeAffinity.Count() == 1) {
 					kept = append(kept, h)
@@ -65,7 +67,7 @@ func naivePolicyMerge(name string, machineNodes []int, providersHints []map[stri
 	// affinity.
 	target := 0
 	for _, hints := range lists {
-		var narrowest *BitMask
+		var narrowest *topology.BitMask
 		for _, h := range hints {
 			if h.NUMANodeAffinity != nil && (narrowest == nil || h.NUMANodeAffinity.IsNarrowerThan(*narrowest)) {
 				narrowest = h.NUMANodeAffinity
@@ -76,8 +78,8 @@ func naivePolicyMerge(name string, machineNodes []int, providersHints []map[stri
 		}
 	}
 
-	var best *Hint
-	perm := make([]Hint, len(lists))
+	var best *topology.Hint
+	perm := make([]topology.Hint, len(lists))
 	var walk func(i int)
 	walk = func(i int) {
 		if i == len(lists) {
@@ -91,14 +93,14 @@ func naivePolicyMerge(name string, machineNodes []int, providersHints []map[stri
 	}
 	walk(0)
 	if best == nil {
-		best = &Hint{NUMANodeAffinity: &machine}
+		best = &topology.Hint{NUMANodeAffinity: &machine}
 	}
 
 	result := *best
 	switch name {
-	case PolicyBestEffort:
+	case BestEffort:
 		return result, true
-	case PolicyRestricted:
+	case Restricted:
 		return result, result.Preferred
 	}
 	if *result.NUMANodeAffinity == machine {
@@ -110,9 +112,9 @@ func naivePolicyMerge(name string, machineNodes []int, providersHints []map[stri
 // naiveMergePermutation ANDs the machine with every affinity of the
 // permutation; the result is preferred when every hint is, and every
 // affinity is the same mask.
-func naiveMergePermutation(machine BitMask, perm []Hint) Hint {
+func naiveMergePermutation(machine topology.BitMask, perm []topology.Hint) topology.Hint {
 	merged, preferred := machine, true
-	var first *BitMask
+	var first *topology.BitMask
 	for _, h := range perm {
 		if !h.Preferred {
 			preferred = false
@@ -127,12 +129,12 @@ func naiveMergePermutation(machine BitMask, perm []Hint) Hint {
 		}
 		merged &= *h.NUMANodeAffinity
 	}
-	return Hint{NUMANodeAffinity: &merged, Preferred: preferred}
+	return topology.Hint{NUMANodeAffinity: &merged, Preferred: preferred}
 }
 
 // naiveCompare keeps current or takes candidate, case by case as the
 // kubelet's HintMerger does.
-func naiveCompare(current *Hint, candidate Hint, target int) *Hint {
+func naiveCompare(current *topology.Hint, candidate topology.Hint, target int) *topology.Hint {
 	cand := candidate.NUMANodeAffinity.Count()
 	if cand == 0 {
 		return current
@@ -140,7 +142,7 @@ func naiveCompare(current *Hint, candidate Hint, target int) *Hint {
 	if current == nil {
 		return &candidate
 	}
-	narrower := func() *Hint {
+	narrower := func() *topology.Hint {
 		if *candidate.NUMANodeAffinity == *current.NUMANodeAffinity ||
 			current.NUMANodeAffinity.IsNarrowerThan(*candidate.NUMANodeAffinity) {
 			return current
@@ -181,33 +183,33 @@ func naiveCompare(current *Hint, candidate Hint, target int) *Hint {
 // nil and empty maps and lists, hints without affinity, empty masks and
 // masks with nodes the machine lacks. Masks come from a small pool so that
 // providers often agree.
-func randomPolicyInput(rng *rand.Rand) ([]int, []map[string][]Hint) {
+func randomPolicyInput(rng *rand.Rand) ([]int, []map[string][]topology.Hint) {
 	machine := rng.Perm(6)[:1+rng.IntN(4)]
-	pool := make([]BitMask, 2+rng.IntN(4))
+	pool := make([]topology.BitMask, 2+rng.IntN(4))
 	for i := range pool {
 		for pool[i] == 0 {
 			for _, n := range machine {
 				if rng.IntN(2) == 0 {
-					pool[i] |= bit(n)
+					pool[i] |= mask(n)
 				}
 			}
 			if rng.IntN(5) == 0 {
-				pool[i] |= bit(rng.IntN(6))
+				pool[i] |= mask(rng.IntN(6))
 			}
 		}
 	}
 
 	lists := 0
-	provs := make([]map[string][]Hint, rng.IntN(5))
+	provs := make([]map[string][]topology.Hint, rng.IntN(5))
 	for p := range provs {
 		switch rng.IntN(10) {
 		case 0:
 			continue // nil map
 		case 1:
-			provs[p] = map[string][]Hint{}
+			provs[p] = map[string][]topology.Hint{}
 			continue
 		}
-		provs[p] = map[string][]Hint{}
+		provs[p] = map[string][]topology.Hint{}
 		for r := range 1 + rng.IntN(2) {
 			if lists == 5 {
 				break
@@ -219,16 +221,16 @@ func randomPolicyInput(rng *rand.Rand) ([]int, []map[string][]Hint) {
 				provs[p][name] = nil
 				continue
 			case 1:
-				provs[p][name] = []Hint{}
+				provs[p][name] = []topology.Hint{}
 				continue
 			}
-			hints := make([]Hint, 1+rng.IntN(6))
+			hints := make([]topology.Hint, 1+rng.IntN(6))
 			for i := range hints {
 				hints[i].Preferred = rng.IntN(2) == 0
 				switch k := rng.IntN(20); {
 				case k < 3: // no affinity
 				case k == 3:
-					hints[i].NUMANodeAffinity = new(BitMask)
+					hints[i].NUMANodeAffinity = new(topology.BitMask)
 				default:
 					m := pool[rng.IntN(len(pool))]
 					hints[i].NUMANodeAffinity = &m
@@ -240,7 +242,7 @@ func randomPolicyInput(rng *rand.Rand) ([]int, []map[string][]Hint) {
 	return machine, provs
 }
 
-func describePolicyInput(machine []int, provs []map[string][]Hint) string {
+func describePolicyInput(machine []int, provs []map[string][]topology.Hint) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "machine=%v providers:", machine)
 	for _, byResource := range provs {
@@ -274,11 +276,11 @@ func TestPolicyMergeMatchesNaive(t *testing.T) {
 	for seed := range uint64(rounds) {
 		rng := rand.New(rand.NewPCG(seed, 7))
 		machine, provs := randomPolicyInput(rng)
-		for _, name := range []string{PolicyNone, PolicyBestEffort, PolicyRestricted, PolicySingleNumaNode} {
+		for _, name := range []string{None, BestEffort, Restricted, SingleNUMANode} {
 			want, wantAdmit := naivePolicyMerge(name, machine, provs, rng)
 			for _, mode := range []foldMode{foldAuto, foldSparse, foldDense} {
 				p := mustPolicy(t, name, machine...)
-				if pp, ok := p.(policy); ok {
+				if pp, ok := p.(builtin); ok {
 					pp.mode = mode
 					p = pp
 				}
@@ -311,7 +313,7 @@ func TestPolicyMergeMatchesNaive(t *testing.T) {
 // TestFoldMasksModes: the subset table and the pairwise fold reach the same
 // masks, also where the automatic choice switches to the table.
 func TestFoldMasksModes(t *testing.T) {
-	sorted := func(ms []BitMask) []BitMask {
+	sorted := func(ms []topology.BitMask) []topology.BitMask {
 		slices.Sort(ms)
 		return ms
 	}
@@ -319,15 +321,15 @@ func TestFoldMasksModes(t *testing.T) {
 		rng := rand.New(rand.NewPCG(seed, 11))
 		nodes := rng.Perm(12)[:1+rng.IntN(10)]
 		machine := mask(nodes...)
-		sets := make([][]BitMask, rng.IntN(5))
+		sets := make([][]topology.BitMask, rng.IntN(5))
 		for i := range sets {
 			for range 1 + rng.IntN(200) {
-				if m := BitMask(rng.Uint64()) & machine; m != 0 && !slices.Contains(sets[i], m) {
+				if m := topology.BitMask(rng.Uint64()) & machine; m != 0 && !slices.Contains(sets[i], m) {
 					sets[i] = append(sets[i], m)
 				}
 			}
 			if len(sets[i]) == 0 {
-				sets[i] = []BitMask{machine}
+				sets[i] = []topology.BitMask{machine}
 			}
 		}
 		want := sorted(foldMasks(machine, sets, foldSparse))
@@ -338,16 +340,16 @@ func TestFoldMasksModes(t *testing.T) {
 	// Every subset of ten nodes, twice: the second step is cheaper on the
 	// table, and every subset is reached.
 	nodes := seqNodes(10)
-	var all []BitMask
-	IterateBitMasks(nodes, func(m BitMask) { all = append(all, m) })
+	var all []topology.BitMask
+	topology.IterateBitMasks(nodes, func(m topology.BitMask) { all = append(all, m) })
 	machine := mask(nodes...)
 	assert.False(t, useDense(foldAuto, len(nodes), 1, len(all)))
 	assert.True(t, useDense(foldAuto, len(nodes), len(all), len(all)))
 	assert.False(t, useDense(foldDense, maxDenseNodes+1, 1, 1))
-	assert.Len(t, foldMasks(machine, [][]BitMask{all, all}, foldAuto), len(all))
+	assert.Len(t, foldMasks(machine, [][]topology.BitMask{all, all}, foldAuto), len(all))
 
 	// Disjoint lists leave nothing, either way.
-	disjoint := [][]BitMask{{mask(0)}, {mask(1)}}
+	disjoint := [][]topology.BitMask{{mask(0)}, {mask(1)}}
 	assert.Empty(t, foldMasks(mask(0, 1), disjoint, foldSparse))
 	assert.Empty(t, foldMasks(mask(0, 1), disjoint, foldDense))
 }

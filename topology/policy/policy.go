@@ -1,31 +1,33 @@
-package topology
+package policy
 
 import (
 	"errors"
 	"fmt"
+
+	"github.com/openkubelet/devmgr/topology"
 )
 
 // The topology-manager policies, named as the kubelet's
 // --topology-manager-policy flag names them.
 const (
-	// PolicyNone admits every container and chooses no affinity.
-	PolicyNone = "none"
-	// PolicyBestEffort admits every container with the best merged hint.
-	PolicyBestEffort = "best-effort"
-	// PolicyRestricted admits a container only when the best merged hint is
+	// None admits every container and chooses no affinity.
+	None = "none"
+	// BestEffort admits every container with the best merged hint.
+	BestEffort = "best-effort"
+	// Restricted admits a container only when the best merged hint is
 	// preferred.
-	PolicyRestricted = "restricted"
-	// PolicySingleNumaNode admits a container only when every resource can be
+	Restricted = "restricted"
+	// SingleNUMANode admits a container only when every resource can be
 	// placed on one and the same NUMA node (or has no preference).
-	PolicySingleNumaNode = "single-numa-node"
+	SingleNUMANode = "single-numa-node"
 )
 
-// ErrUnknownPolicy is returned by NewPolicy for a name that is none of the
-// Policy constants. The full message is the kubelet's: unknown policy: "name".
-var ErrUnknownPolicy = errors.New("unknown policy")
+// ErrUnknown is returned by New for a name that is none of the policy names
+// above. The full message is the kubelet's: unknown policy: "name".
+var ErrUnknown = errors.New("unknown policy")
 
-// ErrNoNUMANodes is returned by NewPolicy when a policy other than none is
-// asked for a machine without NUMA nodes: such a policy could only refuse
+// ErrNoNUMANodes is returned by New when a policy other than none is asked
+// for a machine without NUMA nodes: such a policy could only refuse
 // (restricted, single-numa-node) or choose an empty affinity (best-effort).
 var ErrNoNUMANodes = errors.New("topology policy needs at least one NUMA node")
 
@@ -42,82 +44,83 @@ var ErrNoNUMANodes = errors.New("topology policy needs at least one NUMA node")
 //     ANDed with every affinity of the permutation; the merge is preferred
 //     when every hint is, and all the affinities are the same mask.
 //   - Of the merges with at least one node, a preferred one wins, the
-//     narrowest (BitMask.IsNarrowerThan). Failing that, with target the
-//     largest over the lists of a list's fewest nodes: a merge of target
-//     nodes, else of fewer (the more the better), else of more (the fewer
-//     the better), the lowest mask on a tie. With no such merge: the
+//     narrowest (topology.BitMask.IsNarrowerThan). Failing that, with
+//     target the largest over the lists of a list's fewest nodes: a merge
+//     of target nodes, else of fewer (the more the better), else of more
+//     (the fewer the better), the lowest mask on a tie. With no such merge: the
 //     machine's nodes, not preferred.
 //   - best-effort admits that hint; restricted admits it only if preferred.
 //     single-numa-node first keeps only the preferred hints with no affinity
 //     or one node, then admits only a preferred result, which it reports
 //     without affinity when it is the whole machine. none admits Hint{}.
 type Policy interface {
-	// Name returns one of the Policy constants.
+	// Name returns the policy's name: None, BestEffort, Restricted or
+	// SingleNUMANode.
 	Name() string
 	// Merge takes one map per hint provider (resource name to hints, as
 	// GetTopologyHints returns them) and returns the chosen hint and whether
 	// the policy admits it. In a map, a nil hint list means the resource has
 	// no preference and an empty one that nothing can satisfy it; a nil or
 	// empty map means the provider has no preference at all.
-	Merge(providersHints []map[string][]Hint) (Hint, bool)
+	Merge(providersHints []map[string][]topology.Hint) (topology.Hint, bool)
 }
 
-// NewPolicy returns the policy called name for a machine with the given NUMA
+// New returns the policy called name for a machine with the given NUMA
 // node ids (in any order; repeats count once).
 //
-// It fails with ErrUnknownPolicy for an unknown name and, for every policy
-// but none (which ignores nodes), with ErrNoNUMANodes for an empty node list
-// and ErrBitOutOfRange for an id outside 0..63.
+// It fails with ErrUnknown for an unknown name and, for every policy but
+// none (which ignores nodes), with ErrNoNUMANodes for an empty node list and
+// topology.ErrBitOutOfRange for an id outside 0..63.
 //
-// Unlike the kubelet, NewPolicy does not refuse machines with more than
-// eight NUMA nodes: that limit (max-allowable-numa-nodes) guards the
-// kubelet's exponential merge, and Merge here is not exponential in the
-// number of providers (see the package documentation).
-func NewPolicy(name string, numaNodes []int) (Policy, error) {
+// Unlike the kubelet, New does not refuse machines with more than eight
+// NUMA nodes: that limit (max-allowable-numa-nodes) guards the kubelet's
+// exponential merge, and Merge here is not exponential in the number of
+// providers (see the package documentation).
+func New(name string, numaNodes []int) (Policy, error) {
 	switch name {
-	case PolicyNone:
-		return policy{name: name}, nil
-	case PolicyBestEffort, PolicyRestricted, PolicySingleNumaNode:
+	case None:
+		return builtin{name: name}, nil
+	case BestEffort, Restricted, SingleNUMANode:
 	default:
-		return nil, fmt.Errorf("%w: %q", ErrUnknownPolicy, name)
+		return nil, fmt.Errorf("%w: %q", ErrUnknown, name)
 	}
 	if len(numaNodes) == 0 {
 		return nil, ErrNoNUMANodes
 	}
-	machine, err := NewBitMask(numaNodes...)
+	machine, err := topology.NewBitMask(numaNodes...)
 	if err != nil {
 		return nil, fmt.Errorf("policy %s, NUMA nodes %v: %w", name, numaNodes, err)
 	}
-	return policy{name: name, machine: machine}, nil
+	return builtin{name: name, machine: machine}, nil
 }
 
-// policy is every Policy: the policies differ only in how they filter hints
+// builtin is every Policy: the policies differ only in how they filter hints
 // before the merge and judge its result. It is an immutable value, safe for
 // concurrent use.
-type policy struct {
+type builtin struct {
 	name    string
-	machine BitMask // the machine's NUMA nodes: the affinity of "any node"
+	machine topology.BitMask // the machine's NUMA nodes: the affinity of "any node"
 	mode    foldMode
 }
 
 // Name returns the policy's name.
-func (p policy) Name() string { return p.name }
+func (p builtin) Name() string { return p.name }
 
 // Merge merges the hints as the kubelet's policy of the same name does (see
-// Policy for the rules, policy_merge.go for how).
-func (p policy) Merge(providersHints []map[string][]Hint) (Hint, bool) {
-	if p.name == PolicyNone {
-		return Hint{}, true
+// Policy for the rules, merge.go for how).
+func (p builtin) Merge(providersHints []map[string][]topology.Hint) (topology.Hint, bool) {
+	if p.name == None {
+		return topology.Hint{}, true
 	}
 	lists := resourceHintLists(providersHints)
-	if p.name == PolicySingleNumaNode {
+	if p.name == SingleNUMANode {
 		lists = singleNodeHints(lists)
 	}
 	best := mergeHintLists(p.machine, lists, p.mode)
 	switch p.name {
-	case PolicyBestEffort:
+	case BestEffort:
 		return best, true
-	case PolicyRestricted:
+	case Restricted:
 		return best, best.Preferred
 	}
 	// single-numa-node: "any node" is reported as no affinity.
@@ -130,8 +133,8 @@ func (p policy) Merge(providersHints []map[string][]Hint) (Hint, bool) {
 // Hint lists standing for a resource without hints of its own. They are
 // shared and never modified.
 var (
-	anyNodeHints = []Hint{{Preferred: true}} // no preference: any placement is fine
-	noNodeHints  = []Hint{{}}                // no placement can satisfy the resource
+	anyNodeHints = []topology.Hint{{Preferred: true}} // no preference: any placement is fine
+	noNodeHints  = []topology.Hint{{}}                // no placement can satisfy the resource
 )
 
 // resourceHintLists flattens the providers' maps into one hint list per
@@ -139,8 +142,8 @@ var (
 // resource with a nil list an "any node" list, and one with an empty list a
 // list holding only a non-preferred hint without affinity. The order of the
 // lists does not matter to the merge.
-func resourceHintLists(providersHints []map[string][]Hint) [][]Hint {
-	lists := make([][]Hint, 0, len(providersHints))
+func resourceHintLists(providersHints []map[string][]topology.Hint) [][]topology.Hint {
+	lists := make([][]topology.Hint, 0, len(providersHints))
 	for _, byResource := range providersHints {
 		if len(byResource) == 0 {
 			lists = append(lists, anyNodeHints)
@@ -163,10 +166,10 @@ func resourceHintLists(providersHints []map[string][]Hint) [][]Hint {
 // singleNodeHints keeps, in each list, the preferred hints that have no
 // affinity or exactly one node (as given, before any intersection with the
 // machine). A list may end up empty: then nothing can be admitted.
-func singleNodeHints(lists [][]Hint) [][]Hint {
-	out := make([][]Hint, len(lists))
+func singleNodeHints(lists [][]topology.Hint) [][]topology.Hint {
+	out := make([][]topology.Hint, len(lists))
 	for i, hints := range lists {
-		kept := make([]Hint, 0, len(hints))
+		kept := make([]topology.Hint, 0, len(hints))
 		for _, h := range hints {
 			if h.Preferred && (h.NUMANodeAffinity == nil || h.NUMANodeAffinity.Count() == 1) {
 				kept = append(kept, h)

@@ -1,9 +1,11 @@
-package topology
+package policy
 
 import (
 	"cmp"
 	"math/bits"
 	"slices"
+
+	"github.com/openkubelet/devmgr/topology"
 )
 
 // The merge: the kubelet's decision without its cross product.
@@ -45,33 +47,33 @@ import (
 
 // mergeHintLists returns the hint the kubelet's merge chooses over the
 // cross product of lists; machine must not be empty.
-func mergeHintLists(machine BitMask, lists [][]Hint, mode foldMode) Hint {
+func mergeHintLists(machine topology.BitMask, lists [][]topology.Hint, mode foldMode) topology.Hint {
 	for _, hints := range lists {
 		if len(hints) == 0 { // no permutation at all
-			return Hint{NUMANodeAffinity: &machine}
+			return topology.Hint{NUMANodeAffinity: &machine}
 		}
 	}
 	if m, ok := bestPreferredMask(machine, lists); ok {
-		return Hint{NUMANodeAffinity: &m, Preferred: true}
+		return topology.Hint{NUMANodeAffinity: &m, Preferred: true}
 	}
 	m, ok := bestNotPreferredMask(machine, lists, mode)
 	if !ok {
 		m = machine
 	}
-	return Hint{NUMANodeAffinity: &m}
+	return topology.Hint{NUMANodeAffinity: &m}
 }
 
 // bestPreferredMask returns the narrowest non-empty merged mask of a
 // preferred permutation, if there is one.
-func bestPreferredMask(machine BitMask, lists [][]Hint) (BitMask, bool) {
+func bestPreferredMask(machine topology.BitMask, lists [][]topology.Hint) (topology.BitMask, bool) {
 	// For each mask offered as a preferred hint: how many of the lists
 	// lacking a preferred "any" hint offer it, and the last list (1-based)
 	// counted, so a list offering it twice counts once.
 	type offer struct{ strictLists, lastList int }
-	offers := make(map[BitMask]offer)
+	offers := make(map[topology.BitMask]offer)
 	strict := 0 // lists without a preferred hint without affinity
 	for i, hints := range lists {
-		free := slices.ContainsFunc(hints, func(h Hint) bool {
+		free := slices.ContainsFunc(hints, func(h topology.Hint) bool {
 			return h.Preferred && h.NUMANodeAffinity == nil
 		})
 		if !free {
@@ -94,7 +96,7 @@ func bestPreferredMask(machine BitMask, lists [][]Hint) (BitMask, bool) {
 		}
 	}
 
-	var best BitMask
+	var best topology.BitMask
 	found := strict == 0 // every list can pick "any": the machine's nodes
 	if found {
 		best = machine
@@ -112,7 +114,7 @@ func bestPreferredMask(machine BitMask, lists [][]Hint) (BitMask, bool) {
 
 // bestNotPreferredMask returns the best non-empty merged mask of any
 // permutation by the order for hints that are not preferred, if there is one.
-func bestNotPreferredMask(machine BitMask, lists [][]Hint, mode foldMode) (BitMask, bool) {
+func bestNotPreferredMask(machine topology.BitMask, lists [][]topology.Hint, mode foldMode) (topology.BitMask, bool) {
 	sets, ok := listMasks(machine, lists)
 	if !ok {
 		return 0, false
@@ -136,12 +138,12 @@ func bestNotPreferredMask(machine BitMask, lists [][]Hint, mode foldMode) (BitMa
 // smallest lists first. Lists that contribute only the machine's nodes
 // change nothing and are left out. It reports false when a list contributes
 // no non-empty mask: then every merged mask is empty.
-func listMasks(machine BitMask, lists [][]Hint) ([][]BitMask, bool) {
-	sets := make([][]BitMask, 0, len(lists))
-	seen := make(map[BitMask]struct{})
+func listMasks(machine topology.BitMask, lists [][]topology.Hint) ([][]topology.BitMask, bool) {
+	sets := make([][]topology.BitMask, 0, len(lists))
+	seen := make(map[topology.BitMask]struct{})
 	for _, hints := range lists {
 		clear(seen)
-		set := make([]BitMask, 0, len(hints))
+		set := make([]topology.BitMask, 0, len(hints))
 		for _, h := range hints {
 			m := machine
 			if h.NUMANodeAffinity != nil {
@@ -161,14 +163,14 @@ func listMasks(machine BitMask, lists [][]Hint) ([][]BitMask, bool) {
 		}
 		sets = append(sets, set)
 	}
-	slices.SortFunc(sets, func(a, b []BitMask) int { return cmp.Compare(len(a), len(b)) })
+	slices.SortFunc(sets, func(a, b []topology.BitMask) int { return cmp.Compare(len(a), len(b)) })
 	return sets, true
 }
 
 // notPreferredTarget returns the node count the kubelet aims at among hints
 // that are not preferred: the largest, over the lists, of the fewest nodes
 // among a list's non-nil affinities (as given); 0 when no list has one.
-func notPreferredTarget(lists [][]Hint) int {
+func notPreferredTarget(lists [][]topology.Hint) int {
 	target := 0
 	for _, hints := range lists {
 		fewest := -1
@@ -187,7 +189,7 @@ func notPreferredTarget(lists [][]Hint) int {
 
 // beatsNotPreferred reports whether merged mask a is better than b when
 // neither is preferred: by distanceRank of their counts, then by value.
-func beatsNotPreferred(a, b BitMask, target int) bool {
+func beatsNotPreferred(a, b topology.BitMask, target int) bool {
 	ra, rb := distanceRank(a.Count(), target), distanceRank(b.Count(), target)
 	if ra != rb {
 		return ra < rb
@@ -223,10 +225,10 @@ const maxDenseNodes = 20
 
 // foldMasks returns the distinct non-empty masks machine AND one mask of
 // each set, in no particular order; nil when there is none.
-func foldMasks(machine BitMask, sets [][]BitMask, mode foldMode) []BitMask {
+func foldMasks(machine topology.BitMask, sets [][]topology.BitMask, mode foldMode) []topology.BitMask {
 	n := machine.Count()
-	cur, next := []BitMask{machine}, []BitMask(nil)
-	seen := make(map[BitMask]struct{})
+	cur, next := []topology.BitMask{machine}, []topology.BitMask(nil)
+	seen := make(map[topology.BitMask]struct{})
 	var table *denseMasks
 	for _, set := range sets {
 		if table == nil && useDense(mode, n, len(cur), len(set)) {
@@ -265,7 +267,7 @@ func useDense(mode foldMode, n, a, b int) bool {
 
 // andPairwise writes into dst the distinct non-empty s AND e for s in cur
 // and e in set, using seen as scratch, and returns it.
-func andPairwise(dst, cur, set []BitMask, seen map[BitMask]struct{}) []BitMask {
+func andPairwise(dst, cur, set []topology.BitMask, seen map[topology.BitMask]struct{}) []topology.BitMask {
 	clear(seen)
 	dst = dst[:0]
 	for _, s := range cur {
@@ -294,7 +296,7 @@ type denseMasks struct {
 	scratch []uint64
 }
 
-func newDenseMasks(machine BitMask, members []BitMask) *denseMasks {
+func newDenseMasks(machine topology.BitMask, members []topology.BitMask) *denseMasks {
 	d := &denseMasks{nodes: machine.GetBits()}
 	for i, node := range d.nodes {
 		d.slot[node] = uint8(i)
@@ -308,7 +310,7 @@ func newDenseMasks(machine BitMask, members []BitMask) *denseMasks {
 }
 
 // index renumbers a subset of the machine's nodes.
-func (d *denseMasks) index(m BitMask) int {
+func (d *denseMasks) index(m topology.BitMask) int {
 	x := 0
 	for rest := uint64(m); rest != 0; rest &= rest - 1 {
 		x |= 1 << d.slot[bits.TrailingZeros64(rest)]
@@ -317,10 +319,10 @@ func (d *denseMasks) index(m BitMask) int {
 }
 
 // mask undoes index.
-func (d *denseMasks) mask(x int) BitMask {
-	var m BitMask
+func (d *denseMasks) mask(x int) topology.BitMask {
+	var m topology.BitMask
 	for rest := uint(x); rest != 0; rest &= rest - 1 {
-		m |= bit(d.nodes[bits.TrailingZeros(rest)])
+		m |= topology.BitMask(1) << d.nodes[bits.TrailingZeros(rest)]
 	}
 	return m
 }
@@ -334,7 +336,7 @@ func (d *denseMasks) mask(x int) BitMask {
 // contains X; undoing the superset sums turns that into the number of pairs
 // whose intersection is exactly X. The counts stay below 2^(2n) <= 2^40, so
 // the wrap-around of uint64 in the intermediate differences is harmless.
-func (d *denseMasks) and(set []BitMask) bool {
+func (d *denseMasks) and(set []topology.BitMask) bool {
 	clear(d.scratch)
 	for _, e := range set {
 		d.scratch[d.index(e)] = 1
@@ -357,8 +359,8 @@ func (d *denseMasks) and(set []BitMask) bool {
 }
 
 // members returns the masks of the set.
-func (d *denseMasks) members() []BitMask {
-	var out []BitMask
+func (d *denseMasks) members() []topology.BitMask {
+	var out []topology.BitMask
 	for x, in := range d.in {
 		if in != 0 {
 			out = append(out, d.mask(x))
