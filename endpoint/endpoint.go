@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	"k8s.io/utils/clock"
@@ -115,6 +116,7 @@ func Dial(ctx context.Context, resource, path string, opts Options) (*Endpoint, 
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithContextDialer(dialer),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(opts.MaxRecvMsgSize)),
+		grpc.WithStatsHandler(payloadSizes{}),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("failed to dial device plugin: %s: %w", path, err)
@@ -191,9 +193,8 @@ func (e *Endpoint) Options() *pluginapi.DevicePluginOptions { return e.options }
 // It returns the reason the stream ended (nil when stopped or cancelled
 // meanwhile; ErrStopped when the endpoint was stopped before).
 // onMessage runs on Run's goroutine; a slow callback delays the next message.
-// A device that a message encodes exactly as the previous one did, at the
-// same place in the list, is the previous message's *Device: the values are
-// shared and must not be modified.
+// Every message is decoded anew by gRPC's protobuf codec: the callback owns
+// it, and its devices share nothing with those of earlier messages.
 func (e *Endpoint) Run(ctx context.Context, onMessage func(*pluginapi.ListAndWatchResponse)) error {
 	if e.client == nil || e.IsStopped() {
 		return ErrStopped
@@ -203,8 +204,9 @@ func (e *Endpoint) Run(ctx context.Context, onMessage func(*pluginapi.ListAndWat
 	stop := context.AfterFunc(e.ctx, cancel)
 	defer stop()
 
-	codec := newListCodec()
-	stream, err := e.client.ListAndWatch(ctx, &pluginapi.Empty{}, grpc.ForceCodecV2(codec))
+	size := new(atomic.Int64)
+	ctx = context.WithValue(ctx, payloadSizeKey{}, size)
+	stream, err := e.client.ListAndWatch(ctx, &pluginapi.Empty{})
 	if err != nil {
 		return e.streamErr(ctx, fmt.Errorf("open ListAndWatch: %w", err))
 	}
@@ -213,8 +215,8 @@ func (e *Endpoint) Run(ctx context.Context, onMessage func(*pluginapi.ListAndWat
 		if err != nil {
 			return e.streamErr(ctx, fmt.Errorf("ListAndWatch: %w", err))
 		}
-		// Recv decoded on this goroutine: the codec's size is this message's.
-		e.lastMessageBytes.Store(int64(codec.lastSize))
+		// gRPC reports a message's size before Recv returns it.
+		e.lastMessageBytes.Store(size.Load())
 		onMessage(msg)
 	}
 }
@@ -223,6 +225,33 @@ func (e *Endpoint) Run(ctx context.Context, onMessage func(*pluginapi.ListAndWat
 // ListAndWatch message Run handed to its callback; 0 before the first. Read
 // from the callback, it is the size of the message being handled.
 func (e *Endpoint) LastMessageBytes() int { return int(e.lastMessageBytes.Load()) }
+
+// payloadSizeKey is the context key under which Run puts the *atomic.Int64
+// that takes the size of each message its stream receives.
+type payloadSizeKey struct{}
+
+// payloadSizes is the connection's stats.Handler: it stores the size of every
+// message received by a call whose context holds a payloadSizeKey, as gRPC
+// counted it (the protobuf bytes, decompressed, without gRPC's framing). gRPC
+// has the figure at hand; measuring the decoded message again (proto.Size)
+// would be a second pass over every device of every list.
+type payloadSizes struct{}
+
+func (payloadSizes) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+
+func (payloadSizes) HandleRPC(ctx context.Context, s stats.RPCStats) {
+	in, ok := s.(*stats.InPayload)
+	if !ok {
+		return
+	}
+	if size, ok := ctx.Value(payloadSizeKey{}).(*atomic.Int64); ok {
+		size.Store(int64(in.Length))
+	}
+}
+
+func (payloadSizes) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
+
+func (payloadSizes) HandleConn(context.Context, stats.ConnStats) {}
 
 // streamErr returns err unless the stream ended because ctx was cancelled
 // (Stop, or the caller), which is not a failure.

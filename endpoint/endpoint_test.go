@@ -324,25 +324,51 @@ func TestDialFailures(t *testing.T) {
 	}()
 	defer func() { _ = l3.Close() }()
 
+	// A path that is not a socket fails before gRPC is involved, so its
+	// error carries no gRPC status; a socket where no plugin answers fails
+	// when the dial's deadline passes.
 	tests := []struct {
 		name, path, want string
+		code             codes.Code
 	}{
-		{"missing", filepath.Join(dir, "missing.sock"), "does not exist"},
-		{"regular file", regular, "is not a unix socket"},
-		{"directory", dir, "is not a unix socket"},
-		{"not a device plugin", other, "failed to get device plugin options: " + other + ": rpc error: code = Unimplemented"},
-		{"nobody listening", stale, "failed to dial device plugin"},
-		{"no gRPC server", silent, "failed to dial device plugin"},
+		{"missing", filepath.Join(dir, "missing.sock"), "does not exist", codes.Unknown},
+		{"regular file", regular, "is not a unix socket", codes.Unknown},
+		{"directory", dir, "is not a unix socket", codes.Unknown},
+		{"not a device plugin", other, "failed to get device plugin options: " + other + ": rpc error: code = Unimplemented", codes.Unimplemented},
+		{"nobody listening", stale, "failed to dial device plugin", codes.DeadlineExceeded},
+		{"no gRPC server", silent, "failed to dial device plugin", codes.DeadlineExceeded},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			start := time.Now()
 			_, err := Dial(context.Background(), res, tc.path, Options{DialTimeout: 300 * time.Millisecond})
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.want)
-			assert.Less(t, time.Since(start), 5*time.Second)
+			assert.Equal(t, tc.code, status.Code(unwrapStatus(err)), "%v", err)
 		})
 	}
+}
+
+// Dial gives up when DialTimeout passes, and at once when the caller's
+// context is done, whichever comes first.
+func TestDialDeadlines(t *testing.T) {
+	p := startPlugin(t, nil)
+	release := p.Block(plugintest.MethodGetDevicePluginOptions)
+	defer release()
+
+	const timeout = 300 * time.Millisecond
+	_, err := Dial(context.Background(), res, p.SocketPath(), Options{DialTimeout: timeout})
+	require.ErrorContains(t, err, "failed to get device plugin options")
+	assert.Equal(t, codes.DeadlineExceeded, status.Code(unwrapStatus(err)), "%v", err)
+	calls := p.CallsOf(plugintest.MethodGetDevicePluginOptions)
+	require.Len(t, calls, 1)
+	require.False(t, calls[0].Deadline.IsZero(), "the options call has a deadline")
+	assert.LessOrEqual(t, calls[0].Deadline.Sub(calls[0].Time), timeout, "the deadline is DialTimeout")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err = Dial(ctx, res, p.SocketPath(), Options{DialTimeout: time.Hour})
+	require.ErrorContains(t, err, "failed to dial device plugin")
+	assert.Equal(t, codes.Canceled, status.Code(unwrapStatus(err)), "%v", err)
 }
 
 // A failed call reached a server when the connection is up, or when the
