@@ -1,7 +1,11 @@
 package checkpoint
 
 import (
+	"bytes"
 	"encoding/json"
+	"maps"
+	"slices"
+	"strconv"
 )
 
 // Checkpoint is what the store reads and writes: a value that encodes itself
@@ -16,13 +20,17 @@ type Checkpoint interface {
 // device IDs of each registered resource. It is a Checkpoint.
 //
 // A Data is not safe for concurrent use. It keeps the slices and maps it is
-// given and returns them from GetData without copying.
+// given and returns them from GetData without copying; they must not be
+// modified while the Data holds them.
 type Data struct {
 	data     checkpointData
 	checksum uint64
 	// legacy is set instead of data when the Data was decoded from the layout
 	// written before Kubernetes 1.20, so that it re-encodes as it was read.
 	legacy *legacyCheckpointData
+	// encoded holds, by entry, the encoding of each entry of the last
+	// document MarshalCheckpoint wrote (see marshal).
+	encoded map[entryKey]*encodedEntry
 }
 
 var _ Checkpoint = (*Data)(nil)
@@ -58,6 +66,15 @@ type legacyWire struct {
 // (and hash) differently, exactly as in the kubelet.
 func New(entries []PodDevicesEntry, registered map[string][]string) *Data {
 	return &Data{data: checkpointData{PodDeviceEntries: entries, RegisteredDevices: registered}}
+}
+
+// SetData replaces the content of d, as New would build it. A Data that is
+// given each new state with SetData, rather than a new Data each time,
+// encodes again only the entries that changed since its last
+// MarshalCheckpoint: a writer that appends entries pays for the new ones.
+func (d *Data) SetData(entries []PodDevicesEntry, registered map[string][]string) {
+	d.data = checkpointData{PodDeviceEntries: entries, RegisteredDevices: registered}
+	d.legacy = nil
 }
 
 // GetData returns the allocation records and the registered devices. For a
@@ -97,15 +114,102 @@ func (d *Data) Legacy() bool { return d.legacy != nil }
 func (d *Data) Checksum() uint64 { return d.checksum }
 
 // MarshalCheckpoint computes the kubelet's checksum of the content and returns
-// the JSON document the kubelet writes for it: compact, fields in the kubelet's
-// order, no trailing newline. Entries and IDs are encoded in the order given.
+// the JSON document the kubelet writes for it, as encoding/json writes it:
+// compact, fields in the kubelet's order, map keys sorted, no trailing
+// newline. Entries and IDs are encoded in the order given.
 func (d *Data) MarshalCheckpoint() ([]byte, error) {
 	if d.legacy != nil {
 		d.checksum = legacyChecksumOf(d.legacy)
-		return encodeLegacyJSON(d.legacy, d.checksum), nil
+		return json.Marshal(legacyWire{Data: *d.legacy, Checksum: d.checksum})
 	}
-	d.checksum = checksumOf(&d.data)
-	return encodeJSON(&d.data, d.checksum), nil
+	return d.marshal()
+}
+
+// entryKey names the record an entry holds.
+type entryKey struct{ pod, container, resource string }
+
+// encodedEntry is an entry with its JSON and, once hashed, the checksum's
+// state before and after the entry's text where it last stood.
+type encodedEntry struct {
+	entry    PodDevicesEntry
+	json     []byte
+	hashed   bool
+	from, to uint32
+}
+
+// marshal writes the current layout. The document is the JSON of each entry
+// (encoding/json's encoding of the entry, which is what encoding/json writes
+// for it inside the whole document) between the fixed text of the wire
+// struct, so that an entry whose content has not changed since the last call
+// is not encoded again. The checksum is a hash over the whole text in order:
+// an entry whose text starts from the state it started from last time ends
+// in the same state, so an unchanged prefix of entries costs a comparison
+// each.
+func (d *Data) marshal() ([]byte, error) {
+	entries := d.data.PodDeviceEntries
+	encoded := make(map[entryKey]*encodedEntry, len(entries))
+	list := make([]*encodedEntry, len(entries))
+	size := 0
+	for i := range entries {
+		e := &entries[i]
+		k := entryKey{e.PodUID, e.ContainerName, e.ResourceName}
+		enc := d.encoded[k]
+		if enc == nil || !sameEntry(&enc.entry, e) {
+			js, err := json.Marshal(e)
+			if err != nil {
+				return nil, err
+			}
+			enc = &encodedEntry{entry: *e, json: js}
+		}
+		encoded[k] = enc
+		list[i] = enc
+		size += len(enc.json) + 1
+	}
+	registered, err := json.Marshal(d.data.RegisteredDevices)
+	if err != nil {
+		return nil, err
+	}
+	var text []byte
+	d.checksum = hashDocument(entries == nil, len(list), func(h uint32, i int) uint32 {
+		enc := list[i]
+		if !enc.hashed || enc.from != h {
+			text = appendEntryText(text[:0], &enc.entry)
+			enc.from, enc.to, enc.hashed = h, fnvUpdate(h, text), true
+		}
+		return enc.to
+	}, d.data.RegisteredDevices)
+	d.encoded = encoded
+
+	b := make([]byte, 0, size+len(registered)+64)
+	b = append(b, `{"Data":{"PodDeviceEntries":`...)
+	if entries == nil {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, '[')
+		for i, enc := range list {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, enc.json...)
+		}
+		b = append(b, ']')
+	}
+	b = append(b, `,"RegisteredDevices":`...)
+	b = append(b, registered...)
+	b = append(b, `},"Checksum":`...)
+	b = strconv.AppendUint(b, d.checksum, 10)
+	return append(b, '}'), nil
+}
+
+// sameEntry reports whether a and b hold the same content, nil and empty
+// told apart.
+func sameEntry(a, b *PodDevicesEntry) bool {
+	return a.PodUID == b.PodUID && a.ContainerName == b.ContainerName && a.ResourceName == b.ResourceName &&
+		(a.AllocResp == nil) == (b.AllocResp == nil) && bytes.Equal(a.AllocResp, b.AllocResp) &&
+		(a.DeviceIDs == nil) == (b.DeviceIDs == nil) &&
+		maps.EqualFunc(a.DeviceIDs, b.DeviceIDs, func(x, y []string) bool {
+			return (x == nil) == (y == nil) && slices.Equal(x, y)
+		})
 }
 
 // UnmarshalCheckpoint replaces the content of d with the decoded blob. It does
@@ -115,17 +219,13 @@ func (d *Data) MarshalCheckpoint() ([]byte, error) {
 // Kubernetes 1.20 is accepted too (see Legacy). A malformed document yields a
 // *DecodeError and leaves d unchanged.
 func (d *Data) UnmarshalCheckpoint(blob []byte) error {
-	if w, ok := decodeCanonical(blob); ok {
-		*d = Data{data: w.Data, checksum: w.Checksum}
-		return nil
-	}
 	w := wire{Data: checkpointData{
 		PodDeviceEntries:  []PodDevicesEntry{},
 		RegisteredDevices: map[string][]string{},
 	}}
 	err := json.Unmarshal(blob, &w)
 	if err == nil {
-		*d = Data{data: w.Data, checksum: w.Checksum}
+		d.data, d.checksum, d.legacy = w.Data, w.Checksum, nil
 		return nil
 	}
 	// Only a document whose DeviceIDs are lists fails above and decodes here.
@@ -134,7 +234,7 @@ func (d *Data) UnmarshalCheckpoint(blob []byte) error {
 		RegisteredDevices: map[string][]string{},
 	}}
 	if json.Unmarshal(blob, &lw) == nil {
-		*d = Data{legacy: &lw.Data, checksum: lw.Checksum}
+		d.data, d.checksum, d.legacy = checkpointData{}, lw.Checksum, &lw.Data
 		return nil
 	}
 	return &DecodeError{Err: err}

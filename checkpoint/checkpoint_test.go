@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -211,10 +212,63 @@ func TestCorruptErrorMatching(t *testing.T) {
 	assert.Equal(t, uint64(2), ce.ExpectedCS)
 }
 
-func TestDevicesPerNUMADevices(t *testing.T) {
-	assert.Empty(t, DevicesPerNUMA(nil).Devices())
-	assert.Empty(t, NewDevicesPerNUMA().Devices())
-	assert.ElementsMatch(t, []string{"a", "b", "c"}, DevicesPerNUMA{0: {"a", "b"}, 1: {"b", "c"}, -1: {"a"}}.Devices())
+// The document is what encoding/json writes for the kubelet's wire struct,
+// and its checksum is go-spew's, on thousands of arbitrary values.
+func TestMarshalIsEncodingJSON(t *testing.T) {
+	g := newGen(3, 4)
+	for i := range 2000 {
+		d := g.data()
+		got, err := New(d.PodDeviceEntries, d.RegisteredDevices).MarshalCheckpoint()
+		require.NoError(t, err)
+		want, err := json.Marshal(wire{Data: d, Checksum: spewChecksum(d)})
+		require.NoError(t, err)
+		if string(got) != string(want) {
+			t.Fatalf("case %d:\n got %s\nwant %s", i, got, want)
+		}
+	}
+}
+
+// A Data given one state after another with SetData writes, for each, the
+// very bytes a new Data writes: entries added, removed, replaced, moved and
+// repeated, with the registered devices changing too.
+func TestSetDataWritesWhatNewWrites(t *testing.T) {
+	g := newGen(5, 6)
+	reused := New(nil, nil)
+	var entries []PodDevicesEntry
+	for step := range 400 {
+		switch op := g.r.IntN(6); {
+		case op < 3 || len(entries) == 0: // an admission appends
+			entries = append(slices.Clone(entries), g.data().PodDeviceEntries...)
+		case op == 3: // a pod goes
+			i := g.r.IntN(len(entries))
+			entries = slices.Delete(slices.Clone(entries), i, i+1)
+		case op == 4: // a record is replaced in place
+			entries = slices.Clone(entries)
+			e := g.data().PodDeviceEntries
+			if len(e) > 0 {
+				i := g.r.IntN(len(entries))
+				e[0].PodUID, e[0].ContainerName, e[0].ResourceName = entries[i].PodUID, entries[i].ContainerName, entries[i].ResourceName
+				entries[i] = e[0]
+			}
+		default: // the same entries in another order, one of them twice
+			entries = slices.Clone(entries)
+			g.r.Shuffle(len(entries), func(i, j int) { entries[i], entries[j] = entries[j], entries[i] })
+			entries = append(entries, entries[0])
+		}
+		if g.r.IntN(10) == 0 {
+			entries = nil
+		}
+		registered := g.registered()
+		reused.SetData(entries, registered)
+		got, err := reused.MarshalCheckpoint()
+		require.NoError(t, err)
+		want, err := New(entries, registered).MarshalCheckpoint()
+		require.NoError(t, err)
+		if string(got) != string(want) {
+			t.Fatalf("step %d:\n got %s\nwant %s", step, got, want)
+		}
+		require.NoError(t, reused.VerifyChecksum())
+	}
 }
 
 // FuzzDecodeCheckpoint feeds arbitrary bytes to the decoder: it never panics;

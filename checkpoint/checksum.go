@@ -9,10 +9,10 @@ import (
 // The kubelet's checksum is FNV-1a (32 bit) over the text that go-spew prints for
 // the checkpointData value with the configuration of k8s.io/utils/dump.ForHash
 // (%#v, sorted map keys, no methods, no pointer addresses, no capacities).
-// Rendering that text through reflection is the most expensive part of a
-// checkpoint write, so this file prints the same text by hand, without
-// reflection, and hashes it. checksum_test.go proves the two equal with go-spew
-// itself as the reference, on fixtures and under fuzzing.
+// Printing that text through reflection is most of the kubelet's cost of a
+// checkpoint write, so this file prints the same text without reflection and
+// hashes it. checksum_test.go proves the two equal with go-spew itself as the
+// reference, on fixtures and under fuzzing.
 
 const (
 	fnvOffset32 = 2166136261
@@ -156,48 +156,47 @@ func appendEntryText(b []byte, e *PodDevicesEntry) []byte {
 	return appendEntryTailText(b, e.AllocResp)
 }
 
-// hashDocument hashes the document text piece by piece, through one small
-// buffer reused for each entry, so that no buffer of the whole text (a
-// megabyte for a thousand pods) is ever built.
-func hashDocument(isNil bool, n int, entry func(b []byte, i int) []byte, registered map[string][]string) uint64 {
-	buf := make([]byte, 0, 4096)
-	h := fnvUpdate(fnvOffset32, append(buf, docHead...))
+// hashDocument returns the checksum of a document of n entries (isNil: a nil
+// entry list) and the registered devices. hashEntry continues the hash from
+// state h over the text of entry i.
+func hashDocument(isNil bool, n int, hashEntry func(h uint32, i int) uint32, registered map[string][]string) uint64 {
+	h := fnvString(fnvOffset32, docHead)
 	if isNil {
-		h = fnvUpdate(h, append(buf[:0], spewNil...))
+		h = fnvString(h, spewNil)
 	} else {
-		h = fnvUpdate(h, append(buf[:0], '['))
+		h = fnvByte(h, '[')
 		for i := range n {
-			b := buf[:0]
 			if i > 0 {
-				b = append(b, ' ')
+				h = fnvByte(h, ' ')
 			}
-			b = entry(b, i)
-			h = fnvUpdate(h, b)
-			buf = b[:0]
+			h = hashEntry(h, i)
 		}
-		h = fnvUpdate(h, append(buf[:0], ']'))
+		h = fnvByte(h, ']')
 	}
-	b := append(buf[:0], docRegistered...)
-	b = appendRegisteredText(b, registered)
-	b = append(b, '}')
-	return uint64(fnvUpdate(h, b))
+	h = fnvString(h, docRegistered)
+	h = fnvUpdate(h, appendRegisteredText(nil, registered))
+	return uint64(fnvByte(h, '}'))
 }
 
 // checksumOf returns the kubelet checksum of d.
 func checksumOf(d *checkpointData) uint64 {
-	return hashDocument(d.PodDeviceEntries == nil, len(d.PodDeviceEntries), func(b []byte, i int) []byte {
-		return appendEntryText(b, &d.PodDeviceEntries[i])
+	var text []byte
+	return hashDocument(d.PodDeviceEntries == nil, len(d.PodDeviceEntries), func(h uint32, i int) uint32 {
+		text = appendEntryText(text[:0], &d.PodDeviceEntries[i])
+		return fnvUpdate(h, text)
 	}, d.RegisteredDevices)
 }
 
-// legacyChecksumOf returns the checksum a kubelet before 1.20 computed for d,
+// legacyChecksumOf returns the checksum a pre-1.20 kubelet computed for d,
 // whose entries held DeviceIDs as a plain []string.
 func legacyChecksumOf(d *legacyCheckpointData) uint64 {
-	return hashDocument(d.PodDeviceEntries == nil, len(d.PodDeviceEntries), func(b []byte, i int) []byte {
+	var text []byte
+	return hashDocument(d.PodDeviceEntries == nil, len(d.PodDeviceEntries), func(h uint32, i int) uint32 {
 		e := &d.PodDeviceEntries[i]
-		b = appendEntryHeadText(b, e.PodUID, e.ContainerName, e.ResourceName)
-		b = append(b, listTypePrefix...)
-		b = appendStringListText(b, e.DeviceIDs)
-		return appendEntryTailText(b, e.AllocResp)
+		text = appendEntryHeadText(text[:0], e.PodUID, e.ContainerName, e.ResourceName)
+		text = append(text, listTypePrefix...)
+		text = appendStringListText(text, e.DeviceIDs)
+		text = appendEntryTailText(text, e.AllocResp)
+		return fnvUpdate(h, text)
 	}, d.RegisteredDevices)
 }

@@ -1,6 +1,8 @@
 package checkpoint
 
 import (
+	"encoding/json"
+	"flag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +14,8 @@ import (
 	legacyspew "github.com/openkubelet/devmgr/checkpoint/internal/legacyspew"
 )
 
+var update = flag.Bool("update", false, "rewrite the golden files (hashed-text.txt) under testdata")
+
 func readFixture(t testing.TB, name, file string) []byte {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(fixtureDir, name, file))
@@ -19,22 +23,36 @@ func readFixture(t testing.TB, name, file string) []byte {
 	return b
 }
 
-// The go-spew reference reproduces the text the kubelet hashed for its own
-// fixtures, so the reference itself is right.
+// checkGolden compares got with the golden file of the fixture, or rewrites
+// the file with -update.
+func checkGolden(t *testing.T, name, file, got string) {
+	t.Helper()
+	if *update {
+		require.NoError(t, os.WriteFile(filepath.Join(fixtureDir, name, file), []byte(got), 0o644))
+		return
+	}
+	assert.Equal(t, string(readFixture(t, name, file)), got)
+}
+
+// The text go-spew prints for the kubelet's fixtures is the golden text
+// (hashed-text.txt, what the kubelet hashed), and the checksum over it is the
+// one stored in the fixture: the reference the reflection-free checksum is
+// held to is right.
 func TestSpewReferenceMatchesKubeletHashedText(t *testing.T) {
 	for _, name := range []string{"sample", "empty"} {
 		t.Run(name, func(t *testing.T) {
 			var d Data
 			require.NoError(t, d.UnmarshalCheckpoint(readFixture(t, name, DeviceManagerKey)))
-			assert.Equal(t, string(readFixture(t, name, "hashed-text.txt")), spewText(d.data))
+			checkGolden(t, name, "hashed-text.txt", spewText(d.data))
+			assert.Equal(t, d.Checksum(), spewChecksum(d.data))
 		})
 	}
 	t.Run("legacy-v1-valid", func(t *testing.T) {
 		var d Data
 		require.NoError(t, d.UnmarshalCheckpoint(readFixture(t, "legacy-v1-valid", DeviceManagerKey)))
 		require.True(t, d.Legacy())
-		got := legacyspew.Text(legacyRefEntries(d.legacy), d.legacy.RegisteredDevices)
-		assert.Equal(t, string(readFixture(t, "legacy-v1-valid", "hashed-text.txt")), got)
+		checkGolden(t, "legacy-v1-valid", "hashed-text.txt", legacyspew.Text(legacyRefEntries(d.legacy), d.legacy.RegisteredDevices))
+		assert.Equal(t, d.Checksum(), legacySpewChecksum(d.legacy))
 	})
 }
 
@@ -86,7 +104,8 @@ func TestChecksumMatchesSpewOnRandomData(t *testing.T) {
 
 // FuzzChecksumMatchesSpew lets the fuzzer choose every string and byte of a
 // two-entry checkpoint (invalid UTF-8 included) and the shape of its nil and
-// empty parts; the hand-written checksum must equal go-spew's.
+// empty parts; the reflection-free checksum must equal go-spew's, and the
+// document encoding/json's.
 func FuzzChecksumMatchesSpew(f *testing.F) {
 	f.Add("pod-uid-1", "ctr", "example.com/dev", int64(0), "dev-0,dev-1", []byte{10, 6}, "example.com/dev", "dev-0", uint16(0))
 	f.Add("", "", "", int64(-1), "", []byte{}, "", "", uint16(0xffff))
@@ -128,6 +147,11 @@ func FuzzChecksumMatchesSpew(f *testing.F) {
 		if got, want := checksumOf(&d), spewChecksum(d); got != want {
 			t.Fatalf("checksum %d, go-spew %d for\n%s", got, want, spewText(d))
 		}
+		doc, err := New(d.PodDeviceEntries, d.RegisteredDevices).MarshalCheckpoint()
+		require.NoError(t, err)
+		want, err := json.Marshal(wire{Data: d, Checksum: spewChecksum(d)})
+		require.NoError(t, err)
+		require.Equal(t, string(want), string(doc), "the document is encoding/json's")
 		ld := legacyCheckpointData{RegisteredDevices: d.RegisteredDevices}
 		for _, e := range d.PodDeviceEntries {
 			ld.PodDeviceEntries = append(ld.PodDeviceEntries, legacyEntry{

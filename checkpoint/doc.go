@@ -8,20 +8,20 @@
 //
 //	{"Data":{"PodDeviceEntries":[...],"RegisteredDevices":{...}},"Checksum":N}
 //
-// where N is the kubelet's checksum: FNV-1a (32 bit) over the go-spew text of
-// the Data object. That text contains Go type names such as
-// "checkpoint.PodDevicesEntry", which is why this package must be named
-// checkpoint and why its types keep the kubelet's names and field order. The
-// checksum text and the JSON are both written here by hand, without
-// reflection; tests and fuzz targets prove them equal to go-spew's and
-// encoding/json's.
+// as encoding/json writes the kubelet's structs, where N is the kubelet's
+// checksum: FNV-1a (32 bit) over the go-spew text of the Data object. That
+// text contains Go type names such as "checkpoint.PodDevicesEntry", which is
+// why this package must be named checkpoint and why its types keep the
+// kubelet's names and field order. The checksum text is printed without
+// reflection; tests and a fuzz target prove it equal to go-spew's.
 //
-// Data is the codec: New builds one from allocation records, MarshalCheckpoint
-// encodes exactly what it was given, in that order (ordering is the caller's
-// job), UnmarshalCheckpoint decodes, and VerifyChecksum checks. Files written by
-// kubelets before 1.20, where DeviceIDs was a plain list, are read too: their
-// devices are reported under NUMA node -1 (no topology). The kubelet itself no
-// longer reads them and loses those allocations on upgrade.
+// Data is the codec: New builds one from allocation records (SetData gives
+// an existing one new records), MarshalCheckpoint encodes exactly what it
+// was given, in that order (ordering is the caller's job), UnmarshalCheckpoint
+// decodes, and VerifyChecksum checks. Files written by kubelets before 1.20,
+// where DeviceIDs was a plain list, are read too: their devices are reported
+// under NUMA node -1 (no topology). The kubelet itself no longer reads them
+// and loses those allocations on upgrade.
 //
 // # Store
 //

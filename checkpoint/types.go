@@ -9,25 +9,6 @@ const DeviceManagerKey = "kubelet_internal_checkpoint"
 // under several nodes.
 type DevicesPerNUMA map[int64][]string
 
-// NewDevicesPerNUMA returns an empty, non-nil DevicesPerNUMA.
-func NewDevicesPerNUMA() DevicesPerNUMA { return DevicesPerNUMA{} }
-
-// Devices returns the IDs listed under any node, each once, in no particular order.
-func (dev DevicesPerNUMA) Devices() []string {
-	seen := make(map[string]struct{})
-	var out []string
-	for _, ids := range dev {
-		for _, id := range ids {
-			if _, ok := seen[id]; ok {
-				continue
-			}
-			seen[id] = struct{}{}
-			out = append(out, id)
-		}
-	}
-	return out
-}
-
 // PodDevicesEntry is one allocation record: the devices of one resource given to
 // one container, with the plugin's Allocate response for that container as
 // protobuf wire bytes (v1beta1.ContainerAllocateResponse).

@@ -1,16 +1,12 @@
 package devicemanager
 
 import (
-	"fmt"
-	"maps"
 	"slices"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/sets"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
-
-	"github.com/openkubelet/devmgr/endpoint"
 )
 
 // GetCapacity returns, per registered resource, its device count (capacity)
@@ -19,14 +15,6 @@ import (
 // StopGracePeriod is removed here, reported once in removed, and the
 // checkpoint is rewritten without it. Safe before Start and after Stop.
 func (m *ManagerImpl) GetCapacity() (capacity, allocatable v1.ResourceList, removed []string) {
-	if v := m.capView.Load(); v != nil {
-		if capacity, allocatable, ok := v.lists(); ok {
-			if verifyCapacityView {
-				m.verifyCapacityView()
-			}
-			return capacity, allocatable, nil
-		}
-	}
 	capacity, allocatable = v1.ResourceList{}, v1.ResourceList{}
 	m.mu.Lock()
 	for name, r := range m.resources {
@@ -47,7 +35,6 @@ func (m *ManagerImpl) GetCapacity() (capacity, allocatable v1.ResourceList, remo
 		m.gen++
 		gen = m.gen
 	}
-	m.publishCapacityLocked()
 	m.mu.Unlock()
 
 	if len(removed) > 0 {
@@ -57,86 +44,6 @@ func (m *ManagerImpl) GetCapacity() (capacity, allocatable v1.ResourceList, remo
 		}
 	}
 	return capacity, allocatable, removed
-}
-
-// capacityView is GetCapacity's answer while every registered resource has
-// a running plugin. Nothing can expire then, so GetCapacity reads the view
-// instead of taking m.mu, and a caller polling capacity never waits behind
-// a device update or an admission. An endpoint stops before its disconnect
-// takes the lock, so each read checks the primaries are still running.
-type capacityView struct {
-	names                 []v1.ResourceName
-	capacity, allocatable []int64
-	primaries             []*endpoint.Endpoint
-}
-
-// lists returns the view as GetCapacity returns it; false when a primary
-// has stopped since the view was made.
-func (v *capacityView) lists() (capacity, allocatable v1.ResourceList, ok bool) {
-	for _, ep := range v.primaries {
-		if ep.IsStopped() {
-			return nil, nil, false
-		}
-	}
-	capacity, allocatable = make(v1.ResourceList, len(v.names)), make(v1.ResourceList, len(v.names))
-	for i, name := range v.names {
-		capacity[name] = *resource.NewQuantity(v.capacity[i], resource.DecimalSI)
-		allocatable[name] = *resource.NewQuantity(v.allocatable[i], resource.DecimalSI)
-	}
-	return capacity, allocatable, true
-}
-
-// publishCapacityLocked makes the view of the current state GetCapacity's
-// answer, or takes it away while a registered resource has no running
-// plugin. Called, under m.mu, wherever a resource's devices, health,
-// registration or primary change. Expects m.mu held.
-func (m *ManagerImpl) publishCapacityLocked() { m.capView.Store(m.viewLocked()) }
-
-// viewLocked returns the view of the current state; nil while a registered
-// resource has no running plugin. Expects m.mu held.
-func (m *ManagerImpl) viewLocked() *capacityView {
-	v := &capacityView{}
-	for name, r := range m.resources {
-		if !r.registered {
-			continue
-		}
-		if r.primary == nil || r.primary.IsStopped() {
-			return nil
-		}
-		v.names = append(v.names, v1.ResourceName(name))
-		v.capacity = append(v.capacity, int64(r.capacityLen()))
-		v.allocatable = append(v.allocatable, int64(r.healthyLen()))
-		v.primaries = append(v.primaries, r.primary)
-	}
-	return v
-}
-
-// verifyCapacityView, set by the tests, makes every GetCapacity answered
-// from the view check, under m.mu, that the published view is the one the
-// state gives.
-var verifyCapacityView = false
-
-func (m *ManagerImpl) verifyCapacityView() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	published, current := m.capView.Load(), m.viewLocked()
-	if published == nil || current == nil {
-		return // a plugin stopped since: GetCapacity takes the lock next time
-	}
-	gotCap, gotAlloc, ok := published.lists()
-	if !ok {
-		return
-	}
-	wantCap, wantAlloc, ok := current.lists()
-	if !ok {
-		// A primary stopped after viewLocked saw it running: an endpoint
-		// stops on its own, before its disconnect takes the lock, and
-		// GetCapacity takes the lock next time.
-		return
-	}
-	if !maps.EqualFunc(gotCap, wantCap, resource.Quantity.Equal) || !maps.EqualFunc(gotAlloc, wantAlloc, resource.Quantity.Equal) {
-		panic(fmt.Sprintf("capacity view %v/%v, state %v/%v", gotCap, gotAlloc, wantCap, wantAlloc))
-	}
 }
 
 // collectResourcesLocked retires resources whose plugin is gone for good:
@@ -149,9 +56,7 @@ func (m *ManagerImpl) collectResourcesLocked(names []string) {
 		r := m.resources[name]
 		r.registered = false
 		r.primary = nil
-		r.healthySorted = nil
 		r.census = nil
-		r.inOrder = false
 	}
 }
 
@@ -168,8 +73,10 @@ func (m *ManagerImpl) GetAllocatableDevices() ResourceDeviceInstances {
 			continue
 		}
 		devs := make(DeviceInstances, r.healthyLen())
-		for id, d := range r.healthyDevices {
-			devs[id] = d
+		for id, d := range r.devices {
+			if r.isHealthy(id) {
+				devs[id] = d.dev
+			}
 		}
 		out[name] = devs
 	}
@@ -301,23 +208,16 @@ func (m *ManagerImpl) UpdateAllocatedDevices() {
 // being admitted and pods that committed an allocation after commit sequence
 // seen (the active list may predate them). Expects m.mu held.
 func (m *ManagerImpl) collectPodsLocked(active []*v1.Pod, seen uint64) {
-	// Every admission collects, with the whole active list: first count the
-	// distinct active pods that hold records (one lookup each, nothing
-	// allocated); when that is all of them there is nothing to collect.
-	n := m.ledger.CountHeld(func(yield func(string) bool) {
-		for _, p := range active {
-			if !yield(string(p.UID)) {
-				return
-			}
-		}
-	})
-	if n == m.ledger.Len() {
+	if m.ledger.Len() == 0 {
 		return
 	}
-	// The pods with records that were not counted are the inactive ones.
+	isActive := make(sets.Set[string], len(active))
+	for _, p := range active {
+		isActive.Insert(string(p.UID))
+	}
 	var gone []string
-	for uid := range m.ledger.Uncounted() {
-		if m.inflight[uid] == 0 && m.lastCommit[uid] <= seen {
+	for uid := range m.ledger.Pods() {
+		if !isActive.Has(uid) && m.inflight[uid] == 0 && m.lastCommit[uid] <= seen {
 			gone = append(gone, uid)
 		}
 	}

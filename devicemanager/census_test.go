@@ -78,16 +78,15 @@ func TestHintsCensusStaysExact(t *testing.T) {
 	}
 }
 
-// checkAvailable compares the manager's free devices of resource, as the
-// census counts them (what an admission selects from), with a count from
-// scratch.
+// checkAvailable compares the manager's free devices of resource (what an
+// admission selects from) with a count from scratch.
 func checkAvailable(t *testing.T, m *ManagerImpl, resource string) {
 	t.Helper()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r := m.resources[resource]
 	want := available(m, r)
-	view := freeDevices{m.censusLocked(r)}
+	view := m.freeLocked(r)
 	require.Equal(t, want.Len(), view.Len(), "free devices counted")
 	for id := range r.deviceMap() {
 		require.Equal(t, want.Has(id), view.Has(id), "device %s counted free", id)
@@ -111,16 +110,15 @@ func available(m *ManagerImpl, r *resourceState) sets.Set[string] {
 // count them, unhealthy devices included.
 func TestCensusFollowsTopologyOnlyUpdates(t *testing.T) {
 	m := &ManagerImpl{resources: map[string]*resourceState{}, ledger: podstate.NewLedger()}
-	m.ledger.OnAllocated = m.allocatedChanged
 	r := newResource(res1)
 	m.resources[res1] = r
-	r.setDevices([]*pluginapi.Device{dev("a", pluginapi.Healthy, 0), dev("b", pluginapi.Healthy, 1), dev("c", pluginapi.Unhealthy, 0)})
+	r.setDevices([]*pluginapi.Device{dev("a", pluginapi.Healthy, 0), dev("b", pluginapi.Healthy, 1), dev("c", pluginapi.Unhealthy, 0)}, false)
 	node0 := topology.BitMask(1)
 	m.censusLocked(r)
 
 	// Healthy devices swap nodes.
-	r.setDevices([]*pluginapi.Device{dev("a", pluginapi.Healthy, 1), dev("b", pluginapi.Healthy, 0), dev("c", pluginapi.Unhealthy, 0)})
-	got := m.censusLocked(r).Tiers(&node0, r.sortedHealthy())
+	r.setDevices([]*pluginapi.Device{dev("a", pluginapi.Healthy, 1), dev("b", pluginapi.Healthy, 0), dev("c", pluginapi.Unhealthy, 0)}, false)
+	got := m.censusLocked(r).Tiers(&node0, r.sortedHealthy(), m.freeLocked(r).Has)
 	require.Equal(t, []string{"b"}, got.Aligned)
 	require.Equal(t, []string{"a"}, got.Unaligned)
 
@@ -128,11 +126,11 @@ func TestCensusFollowsTopologyOnlyUpdates(t *testing.T) {
 	// the resource becomes topology-aware.
 	r = newResource(res2)
 	m.resources[res2] = r
-	r.setDevices([]*pluginapi.Device{dev("a", pluginapi.Healthy), dev("c", pluginapi.Unhealthy)})
+	r.setDevices([]*pluginapi.Device{dev("a", pluginapi.Healthy), dev("c", pluginapi.Unhealthy)}, false)
 	m.censusLocked(r)
-	r.setDevices([]*pluginapi.Device{dev("a", pluginapi.Healthy), dev("c", "Unknown", 0)})
+	r.setDevices([]*pluginapi.Device{dev("a", pluginapi.Healthy), dev("c", "Unknown", 0)}, false)
 	want := topology.ResourceHints(topology.HintRequest{
 		MachineNodes: []int{0, 1}, Devices: r.deviceMap(), Available: available(m, r), Reusable: sets.New[string](), Request: 1,
 	})
-	require.Equal(t, want, m.censusLocked(r).Hints([]int{0, 1}, sets.New[string](), nil, 1))
+	require.Equal(t, want, m.censusLocked(r).Hints([]int{0, 1}, nil, sets.New[string](), nil, 1))
 }

@@ -32,10 +32,10 @@
 // that need it; a failing GetPreferredAllocation means "no preference"; a
 // plugin re-registering on its socket replaces its old connection; the
 // checkpoint is written only when its content changes, always with the same
-// bytes for the same state, and a corrupt one is moved aside; Updates never
+// bytes for the same history, and a corrupt one is moved aside; Updates never
 // drops a pod UID; registration endpoints must be bare file names; a device
 // list handed to PluginListAndWatchReceiver for a resource no plugin serves is
-// ignored. DESIGN.md lists them all.
+// ignored. docs/ARCHITECTURE.md lists them all, with the upstream issues.
 //
 // # Concurrency
 //

@@ -134,7 +134,7 @@ func fuzzUntil(f *testing.F, cond func() bool, what string) {
 	}
 }
 
-// The resource name rules of SPEC §7.3 point 3, written from the text and
+// The kubelet's rules for a resource name (an extended resource name), written from their text and
 // not from the validation package, so that the two are checked against each
 // other: a DNS-1123 subdomain prefix (lowercase alphanumerics, '-', '.'; at
 // most 253 bytes counting the added "requests.") and a name part of at most
@@ -156,7 +156,7 @@ func specExtendedResourceName(name string) bool {
 	return len(part) <= 63 && specNamePart.MatchString(part)
 }
 
-// specBareEndpoint is DESIGN difference 4: a file name in the socket
+// specBareEndpoint is devmgr's rule for an endpoint: a file name in the socket
 // directory, no '/', no NUL, not "", "." or "..", and the path must fit in
 // a unix socket address (107 bytes).
 func specBareEndpoint(dir, ep string) bool {
@@ -168,7 +168,7 @@ func specBareEndpoint(dir, ep string) bool {
 
 // FuzzRegisterRequest feeds arbitrary version, resource name and endpoint
 // strings to registration. The validation functions must agree with the
-// rules of SPEC §7.3 and DESIGN difference 4 (an independent reading of
+// kubelet's resource name rules and devmgr's endpoint rule (an independent reading of
 // them); the plugin-registry path must agree with them; and the gRPC
 // Register of a started manager must refuse exactly the invalid requests
 // with exactly their validation error, and for valid ones either register
@@ -233,14 +233,14 @@ func FuzzRegisterRequest(f *testing.F) {
 		}
 		nerr := validateResourceName(name)
 		if valid := specExtendedResourceName(name); valid != (nerr == nil) {
-			t.Fatalf("resource name %q: validateResourceName says %v, SPEC §7.3 says valid=%v", name, nerr, valid)
+			t.Fatalf("resource name %q: validateResourceName says %v, the rules say valid=%v", name, nerr, valid)
 		}
 		if nerr != nil && nerr.Error() != fmt.Sprintf("the ResourceName %q is invalid", name) {
 			t.Fatalf("resource name %q: error %q", name, nerr)
 		}
 		path, eerr := m.endpointPath(ep)
 		if valid := specBareEndpoint(dir, ep); valid != (eerr == nil) {
-			t.Fatalf("endpoint %q: endpointPath says %v, DESIGN says valid=%v", ep, eerr, valid)
+			t.Fatalf("endpoint %q: endpointPath says %v, the rule says valid=%v", ep, eerr, valid)
 		}
 		if eerr == nil && (path != dir+"/"+ep || filepath.Dir(path) != dir || filepath.Base(path) != ep) {
 			t.Fatalf("endpoint %q: socket path %q leaves %s", ep, path, dir)

@@ -2,6 +2,7 @@ package devicemanager
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -21,12 +22,12 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	testingclock "k8s.io/utils/clock/testing"
 
+	"github.com/openkubelet/devmgr/checkpoint"
 	"github.com/openkubelet/devmgr/plugintest"
 	"github.com/openkubelet/devmgr/podstate"
 )
 
 func TestMain(m *testing.M) {
-	verifyCapacityView = true
 	goleak.VerifyTestMain(m)
 }
 
@@ -277,4 +278,43 @@ func (h *harness) held(pod *v1.Pod, container, res string) []string {
 // deviceMap returns r's devices by ID, in a map of their own.
 func (r *resourceState) deviceMap() map[string]*pluginapi.Device {
 	return maps.Collect(r.byID)
+}
+
+// faultyStore wraps the real store: CreateCheckpoint fails (after writing when
+// writeThenFail) while failWrites is set; ListCheckpoints fails with listErr.
+type faultyStore struct {
+	checkpoint.Manager
+	mu                        sync.Mutex
+	failWrites, writeThenFail bool
+	listErr                   error
+}
+
+func (s *faultyStore) CreateCheckpoint(key string, cp checkpoint.Checkpoint) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.failWrites {
+		return s.Manager.CreateCheckpoint(key, cp)
+	}
+	if s.writeThenFail {
+		_ = s.Manager.CreateCheckpoint(key, cp)
+	}
+	return errors.New("injected write failure")
+}
+func (s *faultyStore) ListCheckpoints() ([]string, error) {
+	if s.listErr != nil {
+		return nil, s.listErr
+	}
+	return s.Manager.ListCheckpoints()
+}
+func (s *faultyStore) set(fail, writeThenFail bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failWrites, s.writeThenFail = fail, writeThenFail
+}
+func (h *harness) faultyStore() *faultyStore {
+	h.m.writeMu.Lock() // no write in progress
+	defer h.m.writeMu.Unlock()
+	s := &faultyStore{Manager: h.m.store}
+	h.m.store = s
+	return s
 }

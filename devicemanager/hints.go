@@ -60,5 +60,5 @@ func (m *ManagerImpl) hintsLocked(res string, request int, held, reusable sets.S
 	if r == nil || len(m.opts.NUMANodes) == 0 {
 		return nil
 	}
-	return m.censusLocked(r).Hints(m.opts.NUMANodes, reusable, held, request)
+	return m.censusLocked(r).Hints(m.opts.NUMANodes, m.ledger.Allocated(res), reusable, held, request)
 }

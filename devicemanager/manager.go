@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -46,27 +45,16 @@ type ManagerImpl struct {
 	wg sync.WaitGroup
 	// stopOnce makes Stop idempotent.
 	stopOnce sync.Once
-	// afterDial, when set (by tests, before Start), runs in connect between
-	// a successful dial and taking mu: the window in which Stop may land.
-	afterDial func()
 
 	// writeMu serialises checkpoint writes. It is taken before mu, never
 	// while mu is held.
 	writeMu sync.Mutex
-	// writtenGen is the state generation the file reflects; lastBlob is what
-	// the file holds (memory of the encoder's, valid until its next encode
-	// but one: always the latest document). Guarded by writeMu.
+	// writtenGen is the state generation the file reflects and lastBlob
+	// what the file holds (nil when unknown); doc encodes the documents.
+	// Guarded by writeMu.
 	writtenGen uint64
 	lastBlob   []byte
-	// writers counts the persist calls in progress, waiting or writing.
-	writers atomic.Int32
-	// capView is what GetCapacity returns while every registered resource
-	// has a running plugin (nil: take mu); written under mu wherever
-	// capacity changes.
-	capView atomic.Pointer[capacityView]
-	// encoder writes checkpoints, reusing the encoding of the unchanged
-	// prefix of entries. Guarded by writeMu.
-	encoder checkpoint.Encoder
+	doc        *checkpoint.Data
 
 	// mu guards everything below.
 	mu    sync.Mutex
@@ -134,8 +122,8 @@ func NewManagerImpl(opts Options) (*ManagerImpl, error) {
 		inflightChanged: make(chan struct{}),
 		activePods:      func() []*v1.Pod { return nil },
 		sourcesReady:    alwaysReady{},
+		doc:             checkpoint.New(nil, nil),
 	}
-	m.ledger.OnAllocated = m.allocatedChanged
 	if m.metrics, err = newMetrics(m, opts.Registerer); err != nil {
 		cancel()
 		return nil, fmt.Errorf("register metrics: %w", err)

@@ -134,7 +134,7 @@ func (c deviceCollector) Collect(ch chan<- prometheus.Metric) {
 			continue
 		}
 		ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(r.healthyLen()), name, "healthy")
-		ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(r.unhealthyLen()), name, "unhealthy")
+		ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(r.capacityLen()-r.healthyLen()), name, "unhealthy")
 	}
 	for _, name := range m.ledger.AllocatedResources() {
 		ch <- prometheus.MustNewConstMetric(allocatedDesc, prometheus.GaugeValue, float64(m.ledger.AllocatedCount(name)), name)

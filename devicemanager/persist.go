@@ -21,11 +21,10 @@ import (
 // that would not change the file is skipped.
 
 // snapshotLocked returns the content of the checkpoint for the current state:
-// the ledger's encoded entries and the sorted healthy IDs of each registered
-// resource. Both are immutable; encoding them needs no lock. Expects m.mu
-// held.
-func (m *ManagerImpl) snapshotLocked() ([]*checkpoint.EncodedEntry, map[string][]string) {
-	entries, err := m.ledger.ToEncoded()
+// the ledger's entries, in admission order, and the sorted healthy IDs of
+// each registered resource. Expects m.mu held.
+func (m *ManagerImpl) snapshotLocked() ([]checkpoint.PodDevicesEntry, map[string][]string) {
+	entries, err := m.ledger.ToCheckpoint()
 	if err != nil {
 		m.log.Error(err, "Some allocation records cannot be written to the checkpoint")
 	}
@@ -41,10 +40,8 @@ func (m *ManagerImpl) snapshotLocked() ([]*checkpoint.EncodedEntry, map[string][
 // persist makes sure the checkpoint on disk reflects at least generation gen
 // of the state. Concurrent callers share writes: whoever takes writeMu first
 // writes the newest state, and the others find their generation covered.
-// Neither a disk write nor encoding happens under m.mu.
+// Neither encoding nor the disk write happens under m.mu.
 func (m *ManagerImpl) persist(gen uint64) error {
-	m.writers.Add(1)
-	defer m.writers.Add(-1)
 	m.writeMu.Lock()
 	defer m.writeMu.Unlock()
 	if m.writtenGen >= gen {
@@ -57,28 +54,32 @@ func (m *ManagerImpl) persist(gen uint64) error {
 	m.mu.Unlock()
 
 	start := time.Now()
-	blob, checksum := m.encoder.Encode(entries, registered)
-	if bytes.Equal(blob, m.lastBlob) {
+	// m.doc keeps the encoding of each entry between writes, so that an
+	// admission encodes only its own entries.
+	m.doc.SetData(entries, registered)
+	blob, err := m.doc.MarshalCheckpoint()
+	if err == nil && bytes.Equal(blob, m.lastBlob) {
+		// The file holds this content already (a plugin that comes back
+		// with the devices it had, say).
 		m.metrics.checkpointTotal.WithLabelValues("unchanged").Inc()
 		m.writtenGen = current
-		// The same bytes, in the encoder's current buffer: the one lastBlob
-		// held is reused by the next encode.
-		m.lastBlob = blob
 		return nil
 	}
-	if err := m.store.CreateCheckpoint(checkpoint.DeviceManagerKey, encoded(blob)); err != nil {
+	if err == nil {
+		err = m.store.CreateCheckpoint(checkpoint.DeviceManagerKey, encoded(blob))
+	}
+	if err != nil {
 		m.metrics.checkpointTotal.WithLabelValues("failed").Inc()
-		// The file may or may not hold blob now; forget what it holds so the
-		// next write is not skipped.
+		// The file may or may not hold blob now: the next write is not
+		// skipped.
 		m.lastBlob = nil
 		return err
 	}
 	m.metrics.checkpointWrite.Observe(time.Since(start).Seconds())
 	m.metrics.checkpointBytes.Set(float64(len(blob)))
 	m.metrics.checkpointTotal.WithLabelValues("written").Inc()
-	m.log.V(4).Info("Wrote checkpoint", "bytes", len(blob), "checksum", checksum)
-	m.writtenGen = current
-	m.lastBlob = blob
+	m.log.V(4).Info("Wrote checkpoint", "bytes", len(blob), "checksum", m.doc.Checksum())
+	m.writtenGen, m.lastBlob = current, blob
 	return nil
 }
 
@@ -202,28 +203,6 @@ func (m *ManagerImpl) awaitInflightLocked() {
 		m.mu.Lock()
 		break
 	}
-}
-
-// toPrepareLocked returns the checkpoint entries of the records an admission
-// just committed when other admissions or a write are under way, else none.
-// The write that covers this admission is then likely shared, and whoever
-// makes it encodes every new record one after the other while the others
-// wait; preparing them in the admitting goroutines, before persist, does
-// that work side by side (two goroutines admitting on two resources: the
-// shared write's encoding went from 270 to 130 µs). Alone, an admission
-// leaves its record to the encoder, which prepares only records it hashes
-// a second time. Expects m.mu held.
-func (m *ManagerImpl) toPrepareLocked(podUID, containerName string, resources []string) []*checkpoint.EncodedEntry {
-	if len(m.inflightRPCs) == 0 && m.writers.Load() == 0 {
-		return nil
-	}
-	var out []*checkpoint.EncodedEntry
-	for _, name := range resources {
-		if e := m.ledger.Encoded(podUID, containerName, name); e != nil {
-			out = append(out, e)
-		}
-	}
-	return out
 }
 
 // inflightDoneLocked records that a reservation's plugin call ended (it is

@@ -393,7 +393,7 @@ func checkStorm(t *testing.T, p *plugintest.Plugin, errs []error) int {
 // Quirk: a plugin that re-registers in a hot loop (one that re-registers on
 // every file event in the socket directory can), 1,000 times in a row and
 // then 1,000 times from 8 goroutines at once, all on the same socket. Each
-// registration replaces the previous connection (DESIGN difference 6);
+// registration replaces the previous connection (the kubelet refuses it);
 // afterwards exactly one connection serves the resource, nothing leaks, and
 // plugins registered before and after the storm are served.
 func TestQuirkReRegistrationStorm(t *testing.T) {

@@ -16,7 +16,6 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/openkubelet/devmgr/endpoint"
-	"github.com/openkubelet/devmgr/podstate"
 )
 
 // supportedVersions are the device-plugin API versions the manager speaks.
@@ -106,20 +105,13 @@ func (m *ManagerImpl) endpointPath(ep string) (string, error) {
 // replaced (the plugin restarted); instances on other sockets stay. No lock is
 // held while dialling, so one slow plugin never delays another's registration.
 func (m *ManagerImpl) connect(ctx context.Context, resource, path string) error {
-	m.mu.Lock()
-	state := m.state
-	m.mu.Unlock()
-	if state != started {
-		return ErrStopped
-	}
 	ep, err := endpoint.Dial(ctx, resource, path, m.opts.endpointOptions())
 	if err != nil {
 		m.metrics.rpcErrors.WithLabelValues(resource, methodGetDevicePluginOptions).Inc()
 		return err
 	}
-	if m.afterDial != nil {
-		m.afterDial()
-	}
+	// Stop may have run while the plugin was dialled: then the new endpoint
+	// is dropped, and no follower starts after Stop.
 	m.mu.Lock()
 	if m.state != started {
 		m.mu.Unlock()
@@ -131,7 +123,6 @@ func (m *ManagerImpl) connect(ctx context.Context, resource, path string) error 
 	m.connSeq++
 	r.instances[path] = &instance{ep: ep, seq: m.connSeq}
 	r.primary = ep
-	m.publishCapacityLocked()
 	m.wg.Add(1)
 	m.mu.Unlock()
 
@@ -224,7 +215,7 @@ func (m *ManagerImpl) onDevices(resource string, ep *endpoint.Endpoint, devs []*
 }
 
 // applyDevices is onDevices; borrowed says the devices belong to the caller
-// (PluginListAndWatchReceiver), not to the instance's decoder.
+// (PluginListAndWatchReceiver), not to the instance's stream.
 func (m *ManagerImpl) applyDevices(resource string, ep *endpoint.Endpoint, devs []*pluginapi.Device, borrowed bool) {
 	m.mu.Lock()
 	r := m.resources[resource]
@@ -232,29 +223,15 @@ func (m *ManagerImpl) applyDevices(resource string, ep *endpoint.Endpoint, devs 
 		m.mu.Unlock()
 		return // a replaced or disconnected instance
 	}
-	var changed []string
-	var healthyChanged bool
-	if borrowed {
-		changed, healthyChanged = r.setBorrowedDevices(devs)
-	} else {
-		changed, healthyChanged = r.setDevices(devs)
-	}
+	changed, healthyChanged := r.setDevices(devs, borrowed)
 	healthy := r.healthyLen()
-	m.publishCapacityLocked()
-	// The owners of changed devices, gathered into one slice here and put
-	// in device ID order once the lock is released; only the few devices
-	// that have owners are sorted, not a whole new list.
-	type ownedDevice struct {
-		id       string
-		from, to int
-	}
-	var owned []ownedDevice
-	var refs []podstate.ContainerRef
+	// The owners of changed devices, in device ID order.
+	var owners []string
 	if m.ledger.AllocatedCount(resource) > 0 {
+		slices.Sort(changed)
 		for _, id := range changed {
-			n := len(refs)
-			if refs = m.ledger.AppendOwners(refs, resource, id); len(refs) > n {
-				owned = append(owned, ownedDevice{id, n, len(refs)})
+			for _, ref := range m.ledger.Owners(resource, id) {
+				owners = append(owners, ref.PodUID)
 			}
 		}
 	}
@@ -263,28 +240,11 @@ func (m *ManagerImpl) applyDevices(resource string, ep *endpoint.Endpoint, devs 
 		m.gen++
 		gen = m.gen
 	}
-	// A list with new IDs is sorted (for the checkpoint) here, with the lock
-	// released, rather than in persist's snapshot, under it: GetCapacity and
-	// admissions do not wait for the sort.
-	list, byID := r.unsortedList()
 	m.mu.Unlock()
-	if byID != nil {
-		order, ids := sortByID(byID)
-		m.mu.Lock()
-		r.adoptOrder(list, order, ids)
-		m.mu.Unlock()
-	}
 
 	m.log.V(2).Info("Device plugin reported devices", keyResource, resource, keySocket, ep.SocketPath(),
 		keyCount, len(devs), keyHealthy, healthy, "changed", len(changed))
-	if len(owned) > 0 {
-		slices.SortFunc(owned, func(a, b ownedDevice) int { return strings.Compare(a.id, b.id) })
-		owners := make([]string, 0, len(refs))
-		for _, o := range owned {
-			for _, ref := range refs[o.from:o.to] {
-				owners = append(owners, ref.PodUID)
-			}
-		}
+	if len(owners) > 0 {
 		m.updates.push(owners)
 	}
 	if healthyChanged {
@@ -306,7 +266,6 @@ func (m *ManagerImpl) disconnect(resource string, ep *endpoint.Endpoint) {
 	if r == nil || !r.current(ep) {
 		return // replaced by a newer registration on the same socket
 	}
-	defer m.publishCapacityLocked()
 	delete(r.instances, ep.SocketPath())
 	if len(r.instances) == 0 {
 		r.markUnhealthy()

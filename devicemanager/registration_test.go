@@ -250,22 +250,64 @@ func TestAllocateRefusesInvalidUTF8(t *testing.T) {
 	assert.ErrorIs(t, err, ErrInvalidRequest)
 }
 
-// A plugin whose dial-back completes after Stop has returned is not
-// adopted: connect finds the manager stopped once it takes the lock, stops
-// the new endpoint and fails the registration, so no follower starts after
-// Stop and the resource never appears. The plugin-watcher path is the one
-// where this can happen: Stop waits for registrations through kubelet.sock
-// (their gRPC handlers), not for RegisterPlugin calls.
-func TestStopDuringDialDropsTheNewEndpoint(t *testing.T) {
-	h := newHarness(t)
-	h.m.afterDial = func() { require.NoError(t, h.m.Stop()) }
-	h.start()
+// A plugin whose dial-back completes after Stop is not adopted: connect
+// finds the manager stopped once it takes the lock, stops the new endpoint
+// and fails the registration, so no follower starts after Stop and the
+// resource never appears. (The plugin-watcher path is the one where this can
+// happen: Stop waits for registrations through kubelet.sock, their gRPC
+// handlers, not for RegisterPlugin calls.)
+func TestDialCompletedAfterStopDropsTheNewEndpoint(t *testing.T) {
+	h := newHarness(t).start()
 	p := h.plugin("example.com/gpu", devices("gpu", 2))
+	require.NoError(t, h.m.Stop())
 
-	err := h.m.GetWatcherHandler().RegisterPlugin(p.ResourceName(), p.SocketPath(), nil, nil)
+	err := h.m.connect(context.Background(), p.ResourceName(), p.SocketPath())
 	require.ErrorIs(t, err, ErrStopped)
 	c, _ := h.capacity("example.com/gpu")
 	assert.Equal(t, int64(-1), c, "the resource of the dropped endpoint is not registered")
 	assert.Len(t, p.CallsOf(plugintest.MethodGetDevicePluginOptions), 1, "the dial-back did reach the plugin")
 	assert.Empty(t, p.CallsOf(plugintest.MethodListAndWatch), "no stream was opened to the dropped endpoint")
+}
+
+// An endpoint whose socket path is exactly the longest a unix socket takes
+// is accepted.
+func TestEndpointPathAtLimit(t *testing.T) {
+	h := newHarness(t)
+	ep := strings.Repeat("x", maxSocketPath-len(h.opts.SocketDir)-1)
+	path, err := h.m.endpointPath(ep)
+	require.NoError(t, err)
+	assert.Len(t, path, maxSocketPath)
+}
+
+// A late message from an instance replaced by a re-registration on the same
+// socket is ignored.
+func TestStaleInstanceMessageIgnored(t *testing.T) {
+	h := newHarness(t).start()
+	p := h.registered(res1, devices("dev", 2))
+	h.m.mu.Lock()
+	old := h.m.resources[res1].primary
+	h.m.mu.Unlock()
+	h.register(p) // same socket: replaces old
+	p.Update([]*pluginapi.Device{dev("dev0", healthy, 0), dev("dev1", healthy)})
+	h.waitDeviceTopology(res1, "dev0", 0) // the new instance's stream is applied
+	h.m.onDevices(res1, old, []*pluginapi.Device{dev("dev0", sick), dev("dev1", sick)})
+	c, a := h.capacity(res1)
+	assert.Equal(t, []int64{2, 2}, []int64{c, a})
+}
+
+// When the primary instance goes, the newest remaining one serves
+// allocations.
+func TestNewestRemainingInstancePromoted(t *testing.T) {
+	h := newHarness(t).start()
+	var ps []*plugintest.Plugin
+	for _, n := range []string{"a.sock", "b.sock", "c.sock"} {
+		ps = append(ps, h.registered(res1, devices("dev", 2), endpointName(n)))
+	}
+	ps[2].Stop()
+	h.eventually(func() bool { return h.connections(res1) == 2 }, "c disconnected")
+	pod := newPod("p", ctr("app", res1, 1))
+	h.pods.add(pod)
+	require.NoError(t, h.admit(pod))
+	assert.Len(t, ps[1].CallsOf(plugintest.MethodAllocate), 1, "b, the newest left, is primary")
+	assert.Empty(t, ps[0].CallsOf(plugintest.MethodAllocate))
 }

@@ -5,9 +5,11 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	regapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/openkubelet/devmgr/plugintest"
@@ -104,4 +106,14 @@ func TestPluginsRegistryRefusal(t *testing.T) {
 func TestPluginsRegistryDirMustBeAbsolute(t *testing.T) {
 	_, err := NewManagerImpl(Options{SocketDir: t.TempDir(), PluginsRegistryDir: "reg"})
 	assert.Error(t, err)
+}
+
+// RegisterPlugin with a zero timeout registers (no deadline), as the kubelet
+// ignores it.
+func TestRegisterPluginZeroTimeout(t *testing.T) {
+	h := newHarness(t).start()
+	p := h.plugin(res1, devices("dev", 1))
+	zero := time.Duration(0)
+	require.NoError(t, h.m.GetWatcherHandler().RegisterPlugin(res1, p.SocketPath(), []string{pluginapi.Version}, &zero))
+	h.waitCapacity(res1, 1, 1)
 }

@@ -12,6 +12,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/openkubelet/devmgr/podstate"
+	"github.com/openkubelet/devmgr/topology"
 )
 
 // deviceState is what a resource's device lists amount to, for comparing two
@@ -40,71 +41,42 @@ func healthIDs(r *resourceState) (healthy, unhealthy sets.Set[string], wrong str
 			unhealthy.Insert(id)
 		}
 	}
-	if n != r.healthyN || healthy.Len() != r.healthyLen() || unhealthy.Len() != r.unhealthyLen() {
-		wrong = fmt.Sprintf("counted %d healthy (%d count) and %d unhealthy; %d, %d and %d found",
-			r.healthyN, r.healthyLen(), r.unhealthyLen(), n, healthy.Len(), unhealthy.Len())
+	if n != r.healthy || healthy.Len() != r.healthyLen() || unhealthy.Len() != r.capacityLen()-r.healthyLen() {
+		wrong = fmt.Sprintf("counted %d healthy (%d count) of %d; %d, %d and %d unhealthy found",
+			r.healthy, r.healthyLen(), r.capacityLen(), n, healthy.Len(), unhealthy.Len())
 	}
 	return healthy, unhealthy, wrong
+}
+
+func sortedIDs(r *resourceState) []string {
+	out := []string{}
+	for _, d := range r.sortedDevices() {
+		out = append(out, d.dev.ID)
+	}
+	return out
 }
 
 func stateOf(t *testing.T, r *resourceState) deviceState {
 	healthy, unhealthy, wrong := healthIDs(r)
 	require.Empty(t, wrong)
 	st := deviceState{Devices: map[string]string{}, Healthy: sets.List(healthy), Unhealthy: sets.List(unhealthy),
-		SortedHealthy: r.sortedHealthy(), SortedIDs: r.sortedDeviceIDs(), Registered: r.registered, Listed: r.listed}
+		SortedHealthy: r.sortedHealthy(), SortedIDs: sortedIDs(r), Registered: r.registered, Listed: r.listed}
 	for id, d := range r.deviceMap() {
 		require.Equal(t, id, d.ID, "a device under another ID")
 		st.Devices[id] = fmt.Sprint(d.Health, d.Topology.GetNodes())
 	}
-	// The cached sorted lists against the sets they come from.
 	require.Equal(t, st.Healthy, st.SortedHealthy, "sorted healthy IDs")
 	require.Equal(t, sets.List(sets.KeySet(r.deviceMap())), st.SortedIDs, "sorted IDs")
 	return st
 }
 
-// An order sorted outside the lock is adopted only by the list it was sorted
-// for: after an update in place it still fits; after a list with other IDs
-// it is dropped, and the new list is sorted on its own.
-func TestAdoptOrderOnlyForItsList(t *testing.T) {
-	ids := func(prefix string, unhealthy ...int) []*pluginapi.Device {
-		out := []*pluginapi.Device{
-			{ID: prefix + "c", Health: pluginapi.Healthy}, {ID: prefix + "a", Health: pluginapi.Healthy},
-			{ID: prefix + "b", Health: pluginapi.Healthy},
-		}
-		for _, i := range unhealthy {
-			out[i].Health = pluginapi.Unhealthy
-		}
-		return out
-	}
-	r := newResource("r")
-	r.setDevices(ids("x"))
-	list, byID := r.unsortedList()
-	require.NotNil(t, byID, "a new list needs sorting")
-	r.setDevices(ids("x", 1)) // in place: same IDs, same order
-	order, sorted := sortByID(byID)
-	r.adoptOrder(list, order, sorted)
-	assert.Equal(t, []int32{1, 2, 0}, r.order, "adopted after an update in place")
-	assert.Equal(t, []string{"xb", "xc"}, r.sortedHealthy())
-	_, byID = r.unsortedList()
-	assert.Nil(t, byID, "nothing left to sort")
-
-	r2 := newResource("r")
-	r2.setDevices(ids("x"))
-	list, byID = r2.unsortedList()
-	r2.setDevices(ids("y", 0)) // other IDs
-	order, sorted = sortByID(byID)
-	r2.adoptOrder(list, order, sorted)
-	assert.Nil(t, r2.order, "an order for an older list is dropped")
-	assert.Equal(t, []string{"ya", "yb"}, r2.sortedHealthy())
-	assert.Equal(t, []string{"ya", "yb", "yc"}, r2.sortedDeviceIDs())
-}
-
-// An update applied in place gives exactly what rebuilding the maps gives:
-// the same devices, sets, sorted lists and reported changes, over random
-// sequences of lists that mostly repeat the previous order with a few health
-// or topology changes, and sometimes reorder, add, drop, duplicate or nil a
-// device, with the plugin going away now and then.
-func TestUpdateInPlaceMatchesRebuild(t *testing.T) {
+// A list of the same IDs, applied in place, gives exactly what replacing
+// the whole list gives: the same devices, counts, sorted lists and reported
+// changes, over random sequences of lists that mostly repeat the previous
+// IDs (in any order) with a few health or topology changes, and sometimes
+// add, drop, repeat or nil a device, with the plugin going away now and
+// then. A lent list is stored as copies.
+func TestUpdateInPlaceMatchesReplace(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 9))
 	inPlace := 0
 	for seq := 0; seq < 200; seq++ {
@@ -149,20 +121,18 @@ func TestUpdateInPlaceMatchesRebuild(t *testing.T) {
 				lent.markUnhealthy()
 			}
 			list = next
-			if fast.inOrder && slices.EqualFunc(sent, fast.devices, func(a, b *pluginapi.Device) bool {
-				return a != nil && a.ID == b.ID
-			}) {
+			if fast.sameIDs(sent) {
 				inPlace++
 			}
-			slow.inOrder = false
-			gotChanged, gotHealthy := fast.setDevices(sent)
-			wantChanged, wantHealthy := slow.setDevices(sent)
+			slow.listed = false // never in place
+			gotChanged, gotHealthy := fast.setDevices(sent, false)
+			wantChanged, wantHealthy := slow.setDevices(sent, false)
 			slices.Sort(gotChanged)
 			slices.Sort(wantChanged)
 			require.Equal(t, wantChanged, gotChanged, "seq %d step %d: changed", seq, step)
 			require.Equal(t, wantHealthy, gotHealthy, "seq %d step %d: healthy set changed", seq, step)
 			require.Equal(t, stateOf(t, slow), stateOf(t, fast), "seq %d step %d", seq, step)
-			lentChanged, lentHealthy := lent.setBorrowedDevices(sent)
+			lentChanged, lentHealthy := lent.setDevices(sent, true)
 			slices.Sort(lentChanged)
 			require.Equal(t, wantChanged, lentChanged, "seq %d step %d: changed (lent)", seq, step)
 			require.Equal(t, wantHealthy, lentHealthy, "seq %d step %d: healthy set changed (lent)", seq, step)
@@ -172,7 +142,6 @@ func TestUpdateInPlaceMatchesRebuild(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d of 6000 updates applied in place", inPlace)
 	assert.Greater(t, inPlace, 2000, "the in-place path was hardly taken")
 }
 
@@ -187,33 +156,32 @@ func randomDevice(rng *rand.Rand, id string) *pluginapi.Device {
 	return d
 }
 
-// An update in the same order only touches what changed: unchanged devices
-// keep their values, and nothing is re-sorted when the healthy set stays.
+// An update of the same IDs only touches what changed: unchanged devices
+// keep their values, a device whose topology alone changed is replaced
+// without counting as changed, and a health change is reported.
 func TestUpdateInPlaceKeepsUnchanged(t *testing.T) {
 	r := newResource("r")
 	first := []*pluginapi.Device{
 		{ID: "a", Health: pluginapi.Healthy}, {ID: "b", Health: pluginapi.Healthy}, {ID: "c", Health: pluginapi.Unhealthy},
 	}
-	changed, healthyChanged := r.setDevices(first)
+	changed, healthyChanged := r.setDevices(first, false)
 	assert.ElementsMatch(t, []string{"a", "b", "c"}, changed)
 	assert.True(t, healthyChanged)
-	sorted := r.sortedHealthy()
 
 	second := []*pluginapi.Device{
-		{ID: "a", Health: pluginapi.Healthy}, {ID: "b", Health: pluginapi.Healthy},
 		{ID: "c", Health: pluginapi.Unhealthy, Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: 1}}}},
+		{ID: "a", Health: pluginapi.Healthy}, {ID: "b", Health: pluginapi.Healthy},
 	}
-	changed, healthyChanged = r.setDevices(second)
+	changed, healthyChanged = r.setDevices(second, false)
 	assert.Empty(t, changed)
 	assert.False(t, healthyChanged)
 	assert.Same(t, first[0], r.device("a"), "an unchanged device keeps its value")
-	assert.Same(t, second[2], r.device("c"), "a device whose topology changed is replaced")
-	assert.Equal(t, fmt.Sprint(&sorted[0]), fmt.Sprint(&r.sortedHealthy()[0]), "the healthy IDs were sorted again")
+	assert.Same(t, second[0], r.device("c"), "a device whose topology changed is replaced")
 
 	third := []*pluginapi.Device{
 		{ID: "a", Health: pluginapi.Healthy}, {ID: "b", Health: pluginapi.Unhealthy}, {ID: "c", Health: pluginapi.Unhealthy},
 	}
-	changed, healthyChanged = r.setDevices(third)
+	changed, healthyChanged = r.setDevices(third, false)
 	assert.Equal(t, []string{"b"}, changed)
 	assert.True(t, healthyChanged)
 	assert.Equal(t, []string{"a"}, r.sortedHealthy())
@@ -222,7 +190,7 @@ func TestUpdateInPlaceKeepsUnchanged(t *testing.T) {
 }
 
 // BenchmarkSetDevicesFirstList applies the first list of a plugin with
-// 10,000 GPU-style devices: every device is new, so the maps are built.
+// 10,000 GPU-style devices: every device is new.
 func BenchmarkSetDevicesFirstList(b *testing.B) {
 	devs := make([]*pluginapi.Device, 10000)
 	for i := range devs {
@@ -231,7 +199,7 @@ func BenchmarkSetDevicesFirstList(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		if changed, _ := newResource("r").setDevices(devs); len(changed) != len(devs) {
+		if changed, _ := newResource("r").setDevices(devs, false); len(changed) != len(devs) {
 			b.Fatalf("%d devices changed, want %d", len(changed), len(devs))
 		}
 	}
@@ -239,18 +207,19 @@ func BenchmarkSetDevicesFirstList(b *testing.B) {
 
 // BenchmarkSnapshotLists times what the checkpoint needs of a resource of
 // 10,000 GPU-style devices, its healthy IDs in order: after the first list
-// (every ID new, so sorted), and after an update flipping 10% of them (the
-// IDs keep their order, only the filter runs again). The lists arrive as
-// fresh values, as a decoder makes them.
+// (every ID new, so sorted), and after an update making a random tenth of
+// them unhealthy (the IDs are the same: only the filter runs again). The
+// lists arrive as fresh values, as a decoder makes them.
 func BenchmarkSnapshotLists(b *testing.B) {
-	list := func(unhealthyEvery int) []*pluginapi.Device {
+	rng := rand.New(rand.NewPCG(1, 2))
+	list := func(unhealthy int) []*pluginapi.Device {
 		devs := make([]*pluginapi.Device, 10000)
 		for i := range devs {
 			devs[i] = &pluginapi.Device{ID: fmt.Sprintf("GPU-%08x-%04x-%04x-%04x-%012x", uint32(i)*2654435761, i, i, i, i),
 				Health: pluginapi.Healthy, Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: int64(i % 2)}}}}
-			if unhealthyEvery > 0 && i%unhealthyEvery == 0 {
-				devs[i].Health = pluginapi.Unhealthy
-			}
+		}
+		for _, i := range rng.Perm(len(devs))[:unhealthy] {
+			devs[i].Health = pluginapi.Unhealthy
 		}
 		return devs
 	}
@@ -259,25 +228,23 @@ func BenchmarkSnapshotLists(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			r := newResource("r")
-			r.setDevices(devs)
+			r.setDevices(devs, false)
 			if got := len(r.sortedHealthy()); got != len(devs) {
 				b.Fatalf("%d healthy, want %d", got, len(devs))
 			}
 		}
 	})
 	b.Run("update", func(b *testing.B) {
-		msgs := [][]*pluginapi.Device{list(10), list(0), list(10), list(0)}
+		msgs := [][]*pluginapi.Device{list(1000), list(900), list(1000), list(900)}
 		r := newResource("r")
-		r.setDevices(list(0))
+		r.setDevices(list(0), false)
 		r.sortedHealthy()
 		i := 0
 		b.ReportAllocs()
 		for b.Loop() {
-			b.StopTimer()
 			msg := msgs[i%len(msgs)]
 			i++
-			b.StartTimer()
-			r.setDevices(msg)
+			r.setDevices(msg, true)
 			if got, want := len(r.sortedHealthy()), countHealthy(msg); got != want {
 				b.Fatalf("%d healthy, want %d", got, want)
 			}
@@ -315,7 +282,6 @@ func TestResourceMatchesModel(t *testing.T) {
 	healths := []string{pluginapi.Healthy, pluginapi.Unhealthy, "Bogus"}
 	for seed := uint64(0); seed < 3000; seed++ {
 		rng := rand.New(rand.NewPCG(seed, 1))
-		check := rand.New(rand.NewPCG(seed, 2))
 		m := &ManagerImpl{resources: map[string]*resourceState{}, ledger: podstate.NewLedger()}
 		r := newResource("res")
 		m.resources["res"] = r
@@ -331,16 +297,21 @@ func TestResourceMatchesModel(t *testing.T) {
 			switch k := rng.IntN(10); {
 			case k < 6:
 				var devs []*pluginapi.Device
-				if last != nil && rng.IntN(2) == 0 { // same IDs same order: in place
+				if last != nil && rng.IntN(2) == 0 { // the same IDs: in place
 					for _, d := range last {
 						if rng.IntN(3) == 0 {
-							d = &pluginapi.Device{ID: d.ID, Health: healths[rng.IntN(3)]}
+							d = &pluginapi.Device{ID: d.ID, Health: healths[rng.IntN(3)], Topology: d.Topology}
 						}
 						devs = append(devs, d)
 					}
+					rng.Shuffle(len(devs), func(i, j int) { devs[i], devs[j] = devs[j], devs[i] })
 				} else {
 					for range rng.IntN(6) {
-						devs = append(devs, &pluginapi.Device{ID: fmt.Sprintf("d%d", rng.IntN(8)), Health: healths[rng.IntN(3)]})
+						d := &pluginapi.Device{ID: fmt.Sprintf("d%d", rng.IntN(8)), Health: healths[rng.IntN(3)]}
+						if n := rng.IntN(3); n < 2 {
+							d.Topology = &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: int64(n)}}}
+						}
+						devs = append(devs, d)
 					}
 				}
 				oldHealthy := ref.healthy()
@@ -351,23 +322,14 @@ func TestResourceMatchesModel(t *testing.T) {
 				}
 				ref.registered, ref.down = true, false
 				borrowed := rng.IntN(2) == 0
-				var hc bool
-				if borrowed {
-					_, hc = r.setBorrowedDevices(devs)
-				} else {
-					_, hc = r.setDevices(devs)
-				}
+				_, hc := r.setDevices(devs, borrowed)
 				op = fmt.Sprintf("list%v(b=%v)", devIDs(devs), borrowed)
 				// A first list always counts as a change; any other must
-				// say so when the healthy set changed.
-				if wasReg && !oldHealthy.Equal(ref.healthy()) && !hc {
-					t.Fatalf("seed %d %v %s: healthy set changed %v->%v, healthyChanged false", seed, log, op, sets.List(oldHealthy), sets.List(ref.healthy()))
+				// say so exactly when the healthy set changed.
+				if wasReg && !oldHealthy.Equal(ref.healthy()) != hc {
+					t.Fatalf("seed %d %v %s: healthy set %v->%v, healthyChanged %v", seed, log, op, sets.List(oldHealthy), sets.List(ref.healthy()), hc)
 				}
 				last = devs
-				if list, byID := r.unsortedList(); byID != nil && rng.IntN(2) == 0 {
-					order, ids := sortByID(byID)
-					r.adoptOrder(list, order, ids)
-				}
 			case k < 8:
 				op = "gone"
 				r.markUnhealthy()
@@ -391,37 +353,34 @@ func TestResourceMatchesModel(t *testing.T) {
 			if ref.registered {
 				wantCap = len(ref.devices)
 			}
-			if r.healthyLen() != want.Len() || r.capacityLen() != wantCap || r.healthyLen()+r.unhealthyLen() != wantCap {
-				t.Fatalf("seed %d %v: healthy %d unhealthy %d, want healthy %d capacity %d", seed, log, r.healthyLen(), r.unhealthyLen(), want.Len(), wantCap)
+			if r.healthyLen() != want.Len() || r.capacityLen() != wantCap {
+				t.Fatalf("seed %d %v: healthy %d capacity %d, want healthy %d capacity %d", seed, log, r.healthyLen(), r.capacityLen(), want.Len(), wantCap)
 			}
 			if got := r.sortedHealthy(); !slices.Equal(got, sets.List(want)) {
 				t.Fatalf("seed %d %v: sortedHealthy %v want %v", seed, log, got, sets.List(want))
 			}
-			// A census built before (by "read") must have followed every
-			// change since, or have been dropped.
+			free := m.freeLocked(r)
+			for id := range ref.devices {
+				if r.isHealthy(id) != want.Has(id) || free.Has(id) != want.Has(id) {
+					t.Fatalf("seed %d %v: isHealthy(%s) %v, free %v", seed, log, id, r.isHealthy(id), free.Has(id))
+				}
+			}
+			if free.Len() != want.Len() {
+				t.Fatalf("seed %d %v: %d free, want %d", seed, log, free.Len(), want.Len())
+			}
+			// A census built before (by "read") must have been dropped by
+			// any change since that it would count differently.
 			if r.census != nil {
-				view := freeDevices{r.census}
-				for id := range ref.devices {
-					if view.Has(id) != want.Has(id) {
-						t.Fatalf("seed %d %v: census counts %s free: %v", seed, log, id, view.Has(id))
+				fresh := topology.CountDevices(r.byID, len(r.devices), r.isHealthy)
+				for request := 1; request <= 3; request++ {
+					got, want := r.census.Hints([]int{0, 1}, nil, nil, nil, request), fresh.Hints([]int{0, 1}, nil, nil, nil, request)
+					if fmt.Sprint(got) != fmt.Sprint(want) {
+						t.Fatalf("seed %d %v: stale census %v, fresh %v", seed, log, got, want)
 					}
 				}
-				if view.Len() != want.Len() {
-					t.Fatalf("seed %d %v: census counts %d free, want %d", seed, log, view.Len(), want.Len())
-				}
 			}
-			for id := range ref.devices {
-				if r.isHealthy(id) != want.Has(id) {
-					t.Fatalf("seed %d %v: isHealthy(%s)", seed, log, id)
-				}
-			}
-			// The IDs in order (Status lists them so) on a third of the
-			// steps, from a generator of their own: reading them sorts and
-			// caches, which the other steps must also do without.
-			if check.IntN(3) == 0 {
-				if got, want := r.sortedDeviceIDs(), sets.List(sets.KeySet(ref.devices)); !slices.Equal(got, want) {
-					t.Fatalf("seed %d %v: sortedDeviceIDs %v want %v", seed, log, got, want)
-				}
+			if got, want := sortedIDs(r), sets.List(sets.KeySet(ref.devices)); !slices.Equal(got, want) {
+				t.Fatalf("seed %d %v: sorted IDs %v want %v", seed, log, got, want)
 			}
 		}
 	}
@@ -436,42 +395,12 @@ func devIDs(devs []*pluginapi.Device) []string {
 	return s
 }
 
-// A device flapping in a lent list takes back, on its flip back, the value
-// it had before: no copy per flip, and the healthy IDs are the very slice
-// sorted for that health before. A device whose topology changed in the
-// meantime is not given its old value back.
-func TestLentFlapReusesEarlierValues(t *testing.T) {
-	r := newResource("r")
-	list := func(bHealth string, bNode int64) []*pluginapi.Device {
-		return []*pluginapi.Device{dev("a", pluginapi.Healthy, 0), dev("b", bHealth, bNode), dev("c", pluginapi.Healthy, 1)}
-	}
-	r.setBorrowedDevices(list(pluginapi.Healthy, 0))
-	healthyB, sortedAll := r.device("b"), r.sortedHealthy()
-
-	r.setBorrowedDevices(list(pluginapi.Unhealthy, 0))
-	unhealthyB, sortedTwo := r.device("b"), r.sortedHealthy()
-	assert.Equal(t, []string{"a", "c"}, sortedTwo)
-	assert.NotSame(t, healthyB, unhealthyB)
-
-	r.setBorrowedDevices(list(pluginapi.Healthy, 0))
-	assert.Same(t, healthyB, r.device("b"), "the flip back takes the earlier value")
-	assert.Same(t, &sortedAll[0], &r.sortedHealthy()[0], "the healthy IDs sorted before")
-	r.setBorrowedDevices(list(pluginapi.Unhealthy, 0))
-	assert.Same(t, unhealthyB, r.device("b"))
-	assert.Same(t, &sortedTwo[0], &r.sortedHealthy()[0])
-
-	// b moves to node 1 while unhealthy, then comes back healthy there.
-	r.setBorrowedDevices(list(pluginapi.Unhealthy, 1))
-	r.setBorrowedDevices(list(pluginapi.Healthy, 1))
-	b := r.device("b")
-	assert.Equal(t, pluginapi.Healthy, b.Health)
-	assert.Equal(t, []int64{1}, nodeIDs(b), "the value of before the move is not taken back")
-	assert.Equal(t, []string{"a", "b", "c"}, r.sortedHealthy())
-
-	// A new list (other IDs at the same places) forgets both.
-	r.setBorrowedDevices([]*pluginapi.Device{dev("x", pluginapi.Healthy, 0), dev("y", pluginapi.Unhealthy, 0), dev("z", pluginapi.Healthy, 1)})
-	assert.Equal(t, []string{"x", "z"}, r.sortedHealthy(), "the same flags on other IDs")
-	r.setBorrowedDevices([]*pluginapi.Device{dev("x", pluginapi.Healthy, 0), dev("y", pluginapi.Healthy, 0), dev("z", pluginapi.Healthy, 1)})
-	assert.Equal(t, "y", r.device("y").ID)
-	assert.Equal(t, []string{"x", "y", "z"}, r.sortedHealthy())
+// A nil NUMA node entry and node 0 are different topologies: the device is
+// updated.
+func TestNilNodeToNodeZeroUpdatesTopology(t *testing.T) {
+	r := newResource(res1)
+	withNil := &pluginapi.Device{ID: "d", Health: healthy, Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{nil}}}
+	r.setDevices([]*pluginapi.Device{withNil}, false)
+	r.setDevices([]*pluginapi.Device{dev("d", healthy, 0)}, false)
+	require.NotNil(t, r.device("d").Topology.Nodes[0])
 }

@@ -57,17 +57,14 @@ func (m *ManagerImpl) Status() []ResourceStatus {
 			Capacity:               r.capacityLen(),
 			Allocatable:            r.healthyLen(),
 			Allocated:              m.ledger.AllocatedCount(name),
-			Free:                   m.censusLocked(r).Available(),
+			Free:                   m.freeLocked(r).Len(),
 			RestoredFromCheckpoint: !r.listed,
 		}
-		// The resource keeps its IDs sorted (the checkpoint needs them so),
-		// instead of a sort of every ID under the lock on each call.
-		ids := r.sortedDeviceIDs()
-		if len(ids) > 0 {
-			rs.Devices = make([]DeviceStatus, 0, len(ids))
+		if len(r.devices) > 0 {
+			rs.Devices = make([]DeviceStatus, 0, len(r.devices))
 		}
-		for _, id := range ids {
-			d := r.device(id)
+		for _, dev := range r.sortedDevices() {
+			d, id := dev.dev, dev.dev.ID
 			health := d.GetHealth()
 			if health == pluginapi.Healthy && !r.isHealthy(id) {
 				health = pluginapi.Unhealthy // the plugin is gone

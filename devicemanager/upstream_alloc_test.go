@@ -1,6 +1,6 @@
 package devicemanager
 
-// Allocation tests of the upstream manager_test.go (SPEC §10.2), rewritten
+// Allocation tests of the kubelet's devicemanager manager_test.go, rewritten
 // against the public surface; see upstream_test.go. The NUMA-aligned
 // allocation tests of topology_hints_test.go are in upstream_hints_test.go.
 
@@ -102,7 +102,7 @@ func (h *harness) runOptions(pod *v1.Pod, container int) *DeviceRunContainerOpti
 // Mirrors TestFilterByAffinity: with an affinity to node 2, dev2 (nodes 1
 // and 2), dev3 and dev4 (node 2) are aligned, dev1 (node 1) is not. Upstream
 // calls filterByAffinity; here the tiers show in what Allocate takes and in
-// what it asks the plugin. Our requests list IDs sorted (DESIGN difference 3).
+// what it asks the plugin. Our requests list IDs sorted (the kubelet's are in map order).
 func TestAllocationTiersFollowAffinity(t *testing.T) {
 	all := []*pluginapi.Device{
 		dev("dev1", healthy, 1), dev("dev2", healthy, 1, 2), dev("dev3", healthy, 2), dev("dev4", healthy, 2), dev("dev5", healthy),
@@ -304,7 +304,7 @@ func TestAllocateRefusalsKeepKubeletText(t *testing.T) {
 		require.ErrorIs(t, err, ErrRequestChanged)
 		assert.EqualError(t, err, `pod "pod" container "c" changed request for resource "domain2.com/resource3" from 1 to 2`)
 	})
-	// DESIGN "further rules": admission is all or nothing. Resources are
+	// A container's admission is all or nothing. Resources are
 	// handled in name order, so res1 is allocated (plugin call made) before
 	// res3 is refused; res1's devices must be free again afterwards.
 	t.Run("a later refusal releases the earlier resources", func(t *testing.T) {
@@ -357,8 +357,8 @@ func TestAllocateSurvivesGCDuringPreferredAllocation(t *testing.T) {
 	assert.Equal(t, []string{"dev1"}, h.held(pod, "c", res1))
 }
 
-// Mirrors the same upstream test for the Allocate call itself. DESIGN
-// difference 1: the devices a pending allocation picked stay reserved
+// Mirrors the same upstream test for the Allocate call itself. Unlike the
+// kubelet (PR #137534): the devices a pending allocation picked stay reserved
 // through a garbage collection, even for a pod that is not (yet) active, so
 // a second pod cannot be given the same device (upstream PR #137534).
 func TestPendingReservationSurvivesGC(t *testing.T) {

@@ -2,7 +2,7 @@ package devicemanager
 
 // Tests of the upstream topology_hints_test.go (hints, and NUMA-aligned
 // allocation with the plugin's preference) and of TestGetTopologyHintsWithUpdates
-// from manager_test.go (SPEC §10.2, §10.4), through plugins and the public
+// from the kubelet's manager_test.go, through plugins and the public
 // surface; see upstream_test.go. TestLifecycleGetTopologyHints and
 // TestLifecycleGetPodTopologyHints have no counterpart: our hint methods take
 // no operation argument.
@@ -126,7 +126,7 @@ func twoPerNode() []*pluginapi.Device {
 	return []*pluginapi.Device{dev("Dev1", healthy, 0), dev("Dev2", healthy, 1), dev("Dev3", healthy, 0), dev("Dev4", healthy, 1)}
 }
 
-// Mirrors TestGetTopologyHints (container scope, SPEC §5.2, §5.4): nil for a
+// Mirrors TestGetTopologyHints (container scope): nil for a
 // resource without topology, an empty list when nothing fits, and the
 // masks that fit otherwise, preferred when as narrow as possible. Resources
 // no plugin serves are absent. Upstream builds the manager's maps by hand;
@@ -223,7 +223,7 @@ func TestContainerTopologyHints(t *testing.T) {
 			want:  map[string][]string{res1: bothNodes},
 		},
 		{
-			// DESIGN difference 2: the kubelet dereferences the missing
+			// Unlike the kubelet, which dereferences the missing
 			// device and panics; devmgr treats it as having no topology.
 			name:  "a reused device gone from the list has no topology",
 			devs:  map[string][]*pluginapi.Device{res1: {dev("Dev1", healthy, 0), dev("Dev2", healthy, 1), dev("Dev3", healthy, 1)}},
@@ -251,7 +251,7 @@ func TestContainerTopologyHints(t *testing.T) {
 	}
 }
 
-// Mirrors TestGetPodTopologyHints (pod scope, SPEC §5.3): requests are the
+// Mirrors TestGetPodTopologyHints (pod scope): requests are the
 // pod's aggregated limits, devices held by any of its containers count as
 // already allocated, and there is no reuse pool.
 func TestPodTopologyHints(t *testing.T) {
@@ -467,8 +467,8 @@ func TestAllocationHonoursTopologyAffinity(t *testing.T) {
 // Available is the candidates plus everything already picked, MustInclude
 // is what was picked before asking (reused devices, then aligned ones), and
 // Size is always the full request. Upstream lists mustInclude expectations
-// without checking them (a test bug); we check them. IDs are sorted (DESIGN
-// difference 3).
+// without checking them (a test bug); we check them. IDs are sorted (the
+// kubelet's are in map order).
 func TestPreferredAllocationRequestParameters(t *testing.T) {
 	// D0..D3 on node 0, D4..D7 on node 1.
 	eight := []*pluginapi.Device{

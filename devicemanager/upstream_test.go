@@ -1,10 +1,11 @@
 package devicemanager
 
-// The upstream device manager tests (SPEC §10.2, the kubelet's manager_test.go)
+// The upstream device manager tests (the kubelet's manager_test.go)
 // rewritten against devmgr's public surface: real plugins (plugintest) over
 // real unix sockets, registered through kubelet.sock or through the
 // plugin-watcher handler ("probe mode"). Each test names the upstream test it
-// mirrors. Where DESIGN.md deliberately differs from the kubelet, the test
+// mirrors. Where devmgr deliberately differs from the kubelet
+// (docs/ARCHITECTURE.md lists where), the test
 // asserts devmgr's behaviour and says so. Allocation tests are in
 // upstream_alloc_test.go, topology hint tests in upstream_hints_test.go.
 // TestLifecycleAllocate and TestLifecycleAllocatePod have no counterpart: our
@@ -149,8 +150,8 @@ func waitCtx(t *testing.T) context.Context {
 func quantity(n int64) resource.Quantity { return *resource.NewQuantity(n, resource.DecimalSI) }
 
 // Mirrors TestNewManagerImpl: an absolute directory and no topology make a
-// valid manager. Ours also answers its getters before Start (DESIGN
-// difference 9) and touches no files until Start.
+// valid manager. Ours also answers its getters before Start and touches no
+// files until Start.
 func TestNewManagerImplWithAbsoluteDirAndNoTopology(t *testing.T) {
 	dir, err := os.MkdirTemp("", "dm")
 	require.NoError(t, err)
@@ -258,7 +259,7 @@ func reRegistration(t *testing.T, register func(h *harness, p *plugintest.Plugin
 			require.NoError(t, err)
 			assert.Len(t, p3.CallsOf(plugintest.MethodPreStartContainer), boolCount(tc.preStart))
 
-			// Any instance's message replaces the list (SPEC §3.7).
+			// Any instance's message replaces the list, as in the kubelet.
 			p1.Update([]*pluginapi.Device{dev("Dev1", healthy), dev("Dev2", healthy), dev("Dev3", healthy)})
 			h.waitCapacity(res1, 3, 3)
 		})
@@ -294,7 +295,7 @@ func TestReRegistrationProbeModeLatestDeviceListWins(t *testing.T) {
 }
 
 // Mirrors TestDevicePluginReRegistration for a plugin that restarts on the
-// same socket. DESIGN difference 6: the kubelet refuses it ("device plugin
+// same socket. The kubelet refuses it ("device plugin
 // already connected") while the old connection is registered; devmgr
 // replaces the old connection, and the old instance going away later does
 // not disturb the new one.
@@ -478,8 +479,8 @@ func TestCheckpointRestoresAllocationsAfterRestart(t *testing.T) {
 	assert.Equal(t, zero, c, "restored resources have no devices until their plugins report")
 	assert.Equal(t, zero, a)
 
-	// The file: entries sorted by pod, container and resource (DESIGN:
-	// the same ledger writes the same bytes); devices without topology under -1.
+	// The file: entries in admission order (the same history writes the
+	// same bytes); devices without topology under -1.
 	entries, _ := readCheckpointFile(t, h.dir)
 	var keys []string
 	for _, e := range entries {
@@ -504,12 +505,12 @@ func TestCheckpointRestoresAllocationsAfterRestart(t *testing.T) {
 	}
 }
 
-// Mirrors the checkpoint-writing side of TestCheckpoint. DESIGN difference
-// 7: a ListAndWatch message that leaves the healthy set as it was writes
+// Mirrors the checkpoint-writing side of TestCheckpoint. Unlike the
+// kubelet, a ListAndWatch message that leaves the healthy set as it was writes
 // nothing (the kubelet rewrites the file on every message). A write replaces
 // the file (temporary file renamed over it), so an unchanged file identity
-// means no write. Garbage collection, disconnect and Stop never write (SPEC
-// §6.6); an admission and a health change do.
+// means no write. Garbage collection, disconnect and Stop never write, as in
+// the kubelet; an admission and a health change do.
 func TestCheckpointWrittenOnlyWhenContentChanges(t *testing.T) {
 	h := newHarness(t).start()
 	list := []*pluginapi.Device{dev("d0", healthy), dev("d1", healthy), dev("d2", healthy)}
@@ -590,7 +591,7 @@ func TestShouldResetExtendedResourceCapacity(t *testing.T) {
 
 // Mirrors TestUpdateAllocatedResourcesStatus: a container's status gets one
 // entry per resource with the health of each of its devices; entries are
-// upserted by resource name. DESIGN: a device missing from the plugin's list
+// upserted by resource name. A device missing from the plugin's list
 // is reported Healthy, as the kubelet does.
 func TestAllocatedResourcesStatusReportsDeviceHealth(t *testing.T) {
 	h := newHarness(t).start()
@@ -633,9 +634,8 @@ func TestAllocatedResourcesStatusReportsDeviceHealth(t *testing.T) {
 
 // Mirrors TestFeatureGateResourceHealthStatus. Repeating a list whose devices
 // keep their health notifies nobody; 200 messages that each turn one more
-// pod's device unhealthy notify each owner once. DESIGN difference 8: the
-// kubelet's channel holds 100 updates and drops the rest; devmgr never loses
-// a pod UID. Nobody reads while the 200 messages are handled one by one, so
+// pod's device unhealthy notify each owner once. The kubelet's channel holds
+// 100 updates and drops the rest; devmgr never loses a pod UID. Nobody reads while the 200 messages are handled one by one, so
 // the 100-update buffer fills; all 200 UIDs must still arrive, each once, in
 // at most 100 (buffer) + 1 (blocked send) + 1 (the merged rest) updates.
 func TestHealthUpdatesDeliverEveryPodUIDMerged(t *testing.T) {

@@ -2,7 +2,7 @@ package podstate
 
 import "k8s.io/apimachinery/pkg/util/sets"
 
-// RequestCheck is what the admission pre-checks (SPEC §3.3 steps 1-6) need
+// RequestCheck is what the kubelet's admission pre-checks need
 // about one container's request for one resource.
 type RequestCheck struct {
 	PodUID, ContainerName, Resource string
@@ -11,7 +11,7 @@ type RequestCheck struct {
 	Registered                      bool             // a device set exists for the resource (healthy may be empty)
 	Healthy                         DeviceSet        // healthy device IDs; nil: none
 	// AlreadyRunning: the sources are not ready yet and the container was
-	// found running at start (SPEC §3.3 step 2, §3.9): skip the health checks.
+	// found running at start (a kubelet restart): skip the health checks.
 	AlreadyRunning bool
 }
 

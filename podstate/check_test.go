@@ -9,7 +9,7 @@ import (
 )
 
 // Upstream TestPodContainerDeviceToAllocate, in our words, and one case per
-// rule of SPEC §3.3 steps 1-6, in the kubelet's order.
+// pre-check rule, in the kubelet's order.
 func TestCheckRequest(t *testing.T) {
 	const res3 = "domain2.com/resource3"
 	healthy := sets.New("dev1", "dev2")

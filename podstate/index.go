@@ -31,9 +31,6 @@ func (l *Ledger) entry(resource, id string, create bool) *holders {
 	if h == nil && create {
 		h = &holders{}
 		devs[id] = h
-		if l.OnAllocated != nil {
-			l.OnAllocated(resource, id, true)
-		}
 	}
 	return h
 }
@@ -47,9 +44,6 @@ func (l *Ledger) drop(resource, id string, h *holders) {
 	delete(devs, id)
 	if len(devs) == 0 {
 		delete(l.index, resource)
-	}
-	if l.OnAllocated != nil {
-		l.OnAllocated(resource, id, false)
 	}
 }
 
@@ -87,7 +81,7 @@ func (l *Ledger) IsAllocated(resource, id string) bool {
 }
 
 // AllocatedCount returns the number of allocated devices of resource. O(1).
-// A non-zero count keeps a resource known after its plugin went away (SPEC §3.10).
+// A non-zero count keeps a resource known after its plugin went away.
 func (l *Ledger) AllocatedCount(resource string) int { return len(l.index[resource]) }
 
 // AllocatedResources returns, sorted, the resources with at least one

@@ -1,7 +1,6 @@
 package podstate
 
 import (
-	"iter"
 	"slices"
 
 	"google.golang.org/protobuf/proto"
@@ -21,11 +20,9 @@ import (
 // call NewLedger.
 type Ledger struct {
 	pods map[string]map[string]map[string]*record // podUID -> container -> resource
-	// marks has an entry for every pod of pods, for CountHeld and
-	// Uncounted; stamp is the mark of CountHeld's last call. A new pod's
-	// mark is 0, never a stamp.
-	marks map[string]*uint64
-	stamp uint64
+	// order holds every record in the order its key was first recorded
+	// (admission order), for ToCheckpoint.
+	order []*record
 
 	// index: resource -> device ID -> who holds it (records and reservations).
 	// A device is allocated iff it has an entry.
@@ -33,25 +30,16 @@ type Ledger struct {
 
 	pending map[ReservationID]*reservation
 	lastID  ReservationID
-
-	// written holds the checkpoint entry of every record that can be
-	// written, sorted by (pod, container, resource) and kept so on every
-	// change, so that ToCheckpoint is a copy. unwritable says why each other
-	// record is left out.
-	written    []*checkpoint.EncodedEntry
-	unwritable map[recordKey]error
-
-	// OnAllocated, when set, is called whenever a device becomes allocated
-	// (a record or a reservation holds it) or free again (nothing does),
-	// within the call that changed it: what IsAllocated reports flipped.
-	// It lets a caller keep counts of free devices without scanning.
-	OnAllocated func(resource, id string, allocated bool)
 }
 
+// recordKey names one record.
+type recordKey struct{ pod, container, resource string }
+
 // record is one (pod, container, resource) allocation. It is never modified
-// after it is built: Insert replaces it, so its maps and slices may be shared
+// after it is built: put replaces it, so its maps and slices may be shared
 // with the entries ToCheckpoint returns.
 type record struct {
+	key  recordKey
 	numa checkpoint.DevicesPerNUMA // every list sorted
 	ids  []string                  // distinct IDs over all NUMA lists, sorted
 	resp *pluginapi.ContainerAllocateResponse
@@ -63,11 +51,9 @@ type record struct {
 // NewLedger returns an empty ledger.
 func NewLedger() *Ledger {
 	return &Ledger{
-		pods:       make(map[string]map[string]map[string]*record),
-		marks:      make(map[string]*uint64),
-		index:      make(map[string]map[string]*holders),
-		pending:    make(map[ReservationID]*reservation),
-		unwritable: make(map[recordKey]error),
+		pods:    make(map[string]map[string]map[string]*record),
+		index:   make(map[string]map[string]*holders),
+		pending: make(map[ReservationID]*reservation),
 	}
 }
 
@@ -100,21 +86,22 @@ func newRecord(numa checkpoint.DevicesPerNUMA, resp *pluginapi.ContainerAllocate
 
 // Insert records that (podUID, containerName) holds the devices of numa for
 // resource, with the plugin's response, replacing any earlier record for the
-// same three keys (its devices are released unless still held otherwise).
-// numa is copied; resp is kept as given and must not be modified afterwards.
-// A nil resp is allowed: the devices are held, but the record is left out of
-// the checkpoint and of the run options.
+// same three keys (its devices are released unless still held otherwise;
+// the new record takes its place in admission order). numa is copied; resp
+// is kept as given and must not be modified afterwards. A nil resp is
+// allowed: the devices are held, but the record is left out of the
+// checkpoint and of the run options.
 func (l *Ledger) Insert(podUID, containerName, resource string, numa checkpoint.DevicesPerNUMA,
 	resp *pluginapi.ContainerAllocateResponse) {
 	l.put(ContainerRef{PodUID: podUID, ContainerName: containerName}, resource, newRecord(numa, resp, nil))
 }
 
 func (l *Ledger) put(ref ContainerRef, resource string, rec *record) {
+	rec.key = recordKey{ref.PodUID, ref.ContainerName, resource}
 	ctrs := l.pods[ref.PodUID]
 	if ctrs == nil {
 		ctrs = make(map[string]map[string]*record)
 		l.pods[ref.PodUID] = ctrs
-		l.marks[ref.PodUID] = new(uint64)
 	}
 	recs := ctrs[ref.ContainerName]
 	if recs == nil {
@@ -123,10 +110,12 @@ func (l *Ledger) put(ref ContainerRef, resource string, rec *record) {
 	}
 	if old := recs[resource]; old != nil {
 		l.release(resource, old.ids, ref)
+		l.order[slices.Index(l.order, old)] = rec
+	} else {
+		l.order = append(l.order, rec)
 	}
 	recs[resource] = rec
 	l.hold(resource, rec.ids, ref)
-	l.track(recordKey{ref.PodUID, ref.ContainerName, resource}, rec)
 }
 
 // DeletePods drops every record of the given pods and releases their devices.
@@ -145,10 +134,11 @@ func (l *Ledger) DeletePods(podUIDs ...string) {
 			}
 		}
 		delete(l.pods, uid)
-		delete(l.marks, uid)
 		gone.Insert(uid)
 	}
-	l.untrackPods(gone)
+	if gone.Len() > 0 {
+		l.order = slices.DeleteFunc(l.order, func(r *record) bool { return gone.Has(r.key.pod) })
+	}
 }
 
 // DeleteContainerResources drops the records of (podUID, containerName) for
@@ -164,7 +154,7 @@ func (l *Ledger) DeleteContainerResources(podUID, containerName string, resource
 	for _, res := range resources {
 		if rec := recs[res]; rec != nil {
 			l.release(res, rec.ids, ref)
-			l.untrack(recordKey{podUID, containerName, res})
+			l.order = slices.DeleteFunc(l.order, func(r *record) bool { return r == rec })
 			delete(recs, res)
 		}
 	}
@@ -173,7 +163,6 @@ func (l *Ledger) DeleteContainerResources(podUID, containerName string, resource
 	}
 	if len(ctrs) == 0 {
 		delete(l.pods, podUID)
-		delete(l.marks, podUID)
 	}
 }
 
@@ -182,43 +171,6 @@ func (l *Ledger) Pods() sets.Set[string] { return sets.KeySet(l.pods) }
 
 // Len returns the number of pods that have records.
 func (l *Ledger) Len() int { return len(l.pods) }
-
-// CountHeld returns how many distinct pods among podUIDs have records. It
-// looks each UID up once and allocates nothing, so that a caller can check
-// on every admission, against the whole list of active pods, whether every
-// pod with records is still active (the count equals Len).
-func (l *Ledger) CountHeld(podUIDs iter.Seq[string]) int {
-	// 0 is the mark of a pod no call has counted, and of no call.
-	if l.stamp++; l.stamp == 0 {
-		l.stamp = 1
-	}
-	n := 0
-	for uid := range podUIDs {
-		if m := l.marks[uid]; m != nil && *m != l.stamp {
-			*m = l.stamp
-			n++
-		}
-	}
-	return n
-}
-
-// Uncounted yields the UIDs of the pods with records that the last
-// CountHeld did not count, in no particular order: the pods missing from
-// the UIDs it was given, and any pod given its first record since (every
-// pod, before the first CountHeld). With CountHeld, a caller finds the
-// pods that are no longer active without building a set of the active
-// ones. The ledger must not change during the iteration.
-func (l *Ledger) Uncounted() iter.Seq[string] {
-	return func(yield func(string) bool) {
-		for uid, m := range l.marks {
-			if *m != l.stamp || l.stamp == 0 {
-				if !yield(uid) {
-					return
-				}
-			}
-		}
-	}
-}
 
 // HasPod reports whether the pod has records.
 func (l *Ledger) HasPod(podUID string) bool {

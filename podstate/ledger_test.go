@@ -1,10 +1,6 @@
 package podstate
 
 import (
-	"fmt"
-	"iter"
-	"math/rand/v2"
-	"slices"
 	"strings"
 	"testing"
 
@@ -238,108 +234,4 @@ func TestDevicesIncludesRecordsWithoutResponse(t *testing.T) {
 	l.Insert("pod", "ctr", res2, nil, newResp())
 	assert.Equal(t, map[string]sets.Set[string]{res1: sets.New("a"), res2: sets.New[string]()}, l.Devices())
 	assert.True(t, proto.Equal(newResp(), l.pods["pod"]["ctr"][res2].resp))
-}
-
-// OnAllocated reports every flip of IsAllocated, and only flips.
-func TestOnAllocatedReportsFlips(t *testing.T) {
-	l := NewLedger()
-	type flip struct {
-		res, id   string
-		allocated bool
-	}
-	var got []flip
-	l.OnAllocated = func(res, id string, allocated bool) {
-		got = append(got, flip{res, id, allocated})
-		assert.Equal(t, allocated, l.IsAllocated(res, id), "called once the state changed")
-	}
-	rid, err := l.Reserve("p", "c", res1, []string{"a", "b"})
-	require.NoError(t, err)
-	require.NoError(t, l.Commit(rid, nil, newResp()))                            // a reservation becomes a record: no flip
-	l.Insert("p", "init", res1, checkpoint.DevicesPerNUMA{-1: {"a"}}, newResp()) // held twice: no flip
-	l.DeleteContainerResources("p", "c", res1)                                   // b freed, a still held
-	l.DeletePods("p")                                                            // a freed
-	rid, err = l.Reserve("q", "c", res2, []string{"a"})
-	require.NoError(t, err)
-	l.Rollback(rid)
-	assert.Equal(t, []flip{
-		{res1, "a", true}, {res1, "b", true},
-		{res1, "b", false}, {res1, "a", false},
-		{res2, "a", true}, {res2, "a", false},
-	}, got)
-}
-
-// TestCountHeld: CountHeld counts each listed pod that has records once,
-// however often it is listed, through inserts, container undos and pod
-// deletions, and after a pod is held again once deleted; Uncounted then
-// yields exactly the pods with records that were not listed.
-func TestCountHeld(t *testing.T) {
-	rng := rand.New(rand.NewPCG(7, 11))
-	l := NewLedger()
-	uids := []string{"p0", "p1", "p2", "p3", "p4", "p5"}
-	list := func(uids ...string) iter.Seq[string] { return slices.Values(uids) }
-	for step := range 400 {
-		uid := uids[rng.IntN(len(uids))]
-		ctr := []string{"a", "b"}[rng.IntN(2)]
-		switch rng.IntN(3) {
-		case 0:
-			l.Insert(uid, ctr, res1, checkpoint.DevicesPerNUMA{0: {fmt.Sprintf("d%d", step)}}, newResp())
-		case 1:
-			l.DeleteContainerResources(uid, ctr, res1)
-		case 2:
-			l.DeletePods(uid)
-		}
-		var active []string
-		for range rng.IntN(8) {
-			active = append(active, uids[rng.IntN(len(uids))], "not-a-pod")
-		}
-		want := 0
-		for _, u := range slices.Compact(slices.Sorted(slices.Values(active))) {
-			if l.HasPod(u) {
-				want++
-			}
-		}
-		require.Equal(t, want, l.CountHeld(list(active...)), "step %d, active %v", step, active)
-		wantUncounted := []string{}
-		for u := range l.Pods() {
-			if !slices.Contains(active, u) {
-				wantUncounted = append(wantUncounted, u)
-			}
-		}
-		require.ElementsMatch(t, wantUncounted, slices.Collect(l.Uncounted()), "step %d, active %v", step, active)
-		if step%5 == 0 {
-			// A pod given its first record after the count was not counted.
-			l.Insert("new", "a", res1, checkpoint.DevicesPerNUMA{0: {fmt.Sprintf("n%d", step)}}, newResp())
-			require.Contains(t, slices.Collect(l.Uncounted()), "new", "step %d", step)
-			l.DeletePods("new")
-		}
-		require.Equal(t, l.Len(), l.CountHeld(list(uids...)), "step %d, every pod listed", step)
-		require.Empty(t, slices.Collect(l.Uncounted()), "step %d, every pod listed", step)
-	}
-}
-
-// TestCountHeldStampWraps: the call that wraps CountHeld's counter round
-// still tells the pods it counted from the others.
-func TestCountHeldStampWraps(t *testing.T) {
-	l := NewLedger()
-	l.Insert("p1", "a", res1, checkpoint.DevicesPerNUMA{0: {"d1"}}, newResp())
-	l.Insert("p2", "a", res1, checkpoint.DevicesPerNUMA{0: {"d2"}}, newResp())
-	l.stamp = ^uint64(0) - 1
-	require.Equal(t, 1, l.CountHeld(slices.Values([]string{"p1"})))
-	require.Equal(t, []string{"p2"}, slices.Collect(l.Uncounted()))
-	require.Equal(t, 1, l.CountHeld(slices.Values([]string{"p2"})), "the counter wraps here")
-	require.Equal(t, []string{"p1"}, slices.Collect(l.Uncounted()))
-}
-
-// TestUncountedBeforeCountHeld: before any CountHeld, every pod with
-// records is uncounted.
-func TestUncountedBeforeCountHeld(t *testing.T) {
-	l := NewLedger()
-	require.Empty(t, slices.Collect(l.Uncounted()))
-	l.Insert("p1", "a", res1, checkpoint.DevicesPerNUMA{0: {"d1"}}, newResp())
-	l.Insert("p2", "a", res1, checkpoint.DevicesPerNUMA{0: {"d2"}}, newResp())
-	require.ElementsMatch(t, []string{"p1", "p2"}, slices.Collect(l.Uncounted()))
-	for uid := range l.Uncounted() {
-		require.Contains(t, []string{"p1", "p2"}, uid)
-		break // stopping early is allowed
-	}
 }

@@ -52,7 +52,7 @@ func TestReserveRollback(t *testing.T) {
 	assert.Equal(t, 0, l.Pending())
 }
 
-// DESIGN difference 1: a pending reservation survives garbage collection of
+// A pending reservation survives garbage collection of
 // its pod (upstream PR #137534: the same device handed to two pods).
 func TestDeletePodsKeepsReservations(t *testing.T) {
 	l := NewLedger()

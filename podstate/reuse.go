@@ -4,7 +4,7 @@ import "k8s.io/apimachinery/pkg/util/sets"
 
 // The reuse pool is resource -> device IDs that later containers of the pod
 // being admitted may take again: devices of its regular init containers, which
-// have finished by the time the next container starts (SPEC §3.1). The caller
+// have finished by the time the next container starts. The caller
 // keeps one pool, for the pod it is admitting.
 
 // AddContainerDevices adds to pool every device recorded for the container,

@@ -36,9 +36,9 @@ func TestReusePoolOps(t *testing.T) {
 	assert.Empty(t, unknown)
 }
 
-// admitter drives one pod's admission the way devicemanager does (SPEC §3.1,
-// §3.2): pre-checks, selection with the reuse pool, reservation, commit, and
-// the pool update by container kind. No plugin preference.
+// admitter drives one pod's admission the way devicemanager does:
+// pre-checks, selection with the reuse pool, reservation, commit, and the
+// pool update by container kind. No plugin preference.
 type admitter struct {
 	l       *Ledger
 	pool    map[string]sets.Set[string]
@@ -155,7 +155,7 @@ func TestRestartableInitContainerDeviceAllocation(t *testing.T) {
 	assert.Equal(t, 6, a.l.AllocatedCount(res1))
 }
 
-// DESIGN: a container's admission is all or nothing.
+// A container's admission is all or nothing.
 func TestAdmissionAllOrNothing(t *testing.T) {
 	a := newAdmitter(map[string]int{res1: 2, res2: 1})
 	err := a.admit("pod", "app", app, map[string]int{res1: 2, res2: 2})

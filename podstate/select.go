@@ -19,7 +19,7 @@ type Tiers struct {
 	NoTopology []string // no NUMA node; every device when there is no affinity
 }
 
-// SelectInput is what device selection (SPEC §3.3 step 7) works from. Build
+// SelectInput is what the kubelet's device selection works from. Build
 // and use it under the caller's lock (Available may be a view of the
 // caller's state); it is not modified.
 type SelectInput struct {
@@ -248,7 +248,7 @@ func PreferredQueryFor(in SelectInput) (PreferredQuery, bool) {
 	return s.query(), true
 }
 
-// Select picks the devices for one container and resource (SPEC §3.3 step 7)
+// Select picks the devices for one container and resource, as the kubelet does,
 // and returns them sorted; nil when nothing is needed. preferred is the
 // plugin's answer to PreferredQueryFor(in) (nil if the plugin was not asked);
 // IDs in it that are not candidates are ignored.

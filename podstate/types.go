@@ -29,7 +29,7 @@ func compareRefs(a, b ContainerRef) int {
 type ContainerMap map[string]ContainerRef
 
 // IsRunning reports whether some container ID owned by (podUID, containerName)
-// is in running (SPEC §3.9: every ID is checked, not only one).
+// is in running (every ID is checked, not only one).
 func (m ContainerMap) IsRunning(podUID, containerName string, running sets.Set[string]) bool {
 	want := ContainerRef{PodUID: podUID, ContainerName: containerName}
 	for id, ref := range m {
@@ -87,7 +87,7 @@ func (r ResourceDeviceInstances) Filter(cond map[string]sets.Set[string]) Resour
 // topology, an empty node list or no entry in devs (upstream dereferences nil
 // there). Each list is sorted; IDs repeated in ids are listed once.
 func NUMAMap(ids []string, devs DeviceInstances) checkpoint.DevicesPerNUMA {
-	out := checkpoint.NewDevicesPerNUMA()
+	out := checkpoint.DevicesPerNUMA{}
 	seen := make(map[string]struct{}, len(ids))
 	for _, id := range ids {
 		if _, dup := seen[id]; dup {

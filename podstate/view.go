@@ -7,7 +7,7 @@ import (
 )
 
 // DeviceView returns the container's devices as the podresources API and
-// devicemanager.GetDevices see them (SPEC §4.4): resource -> device ID -> a
+// devicemanager.GetDevices see them: resource -> device ID -> a
 // Device with only Topology set. A device recorded under NUMA nodes gets those
 // nodes, ascending (NoTopology ignored next to real nodes); a device recorded
 // only under NoTopology gets a nil Topology. Records with no devices are left

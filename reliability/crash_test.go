@@ -600,9 +600,7 @@ func readAllocations(dir string) (map[string][]string, error) {
 		if e.ContainerName != nodeContainer || e.ResourceName != nodeResource {
 			return nil, fmt.Errorf("unexpected entry %+v", e)
 		}
-		devs := append(out[e.PodUID], e.DeviceIDs.Devices()...)
-		slices.Sort(devs)
-		out[e.PodUID] = devs
+		out[e.PodUID] = sortedDevices(append(out[e.PodUID], devicesOf(e.DeviceIDs)...))
 	}
 	return out, nil
 }

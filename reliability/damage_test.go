@@ -195,11 +195,24 @@ func devicesByKey(entries []checkpoint.PodDevicesEntry) map[entryKey][]string {
 	out := map[entryKey][]string{}
 	for _, e := range entries {
 		k := entryKey{e.PodUID, e.ContainerName, e.ResourceName}
-		devs := append(out[k], e.DeviceIDs.Devices()...)
-		slices.Sort(devs)
-		out[k] = slices.Compact(devs)
+		out[k] = sortedDevices(append(out[k], devicesOf(e.DeviceIDs)...))
 	}
 	return out
+}
+
+// devicesOf returns the IDs listed under any NUMA node of d.
+func devicesOf(d checkpoint.DevicesPerNUMA) []string {
+	var out []string
+	for _, ids := range d {
+		out = append(out, ids...)
+	}
+	return out
+}
+
+// sortedDevices sorts ids and drops repeats.
+func sortedDevices(ids []string) []string {
+	slices.Sort(ids)
+	return slices.Compact(ids)
 }
 
 func sameAllocations(a, b []checkpoint.PodDevicesEntry) bool {

@@ -512,10 +512,7 @@ func checkFinalLedger(t *testing.T, r *rig, cl *claims, live []*v1.Pod, cpDir st
 	got := map[string][]string{}
 	for _, e := range entries {
 		assert.Equal(t, "c", e.ContainerName)
-		got[e.PodUID+"/"+e.ResourceName] = e.DeviceIDs.Devices()
-	}
-	for k := range got {
-		slices.Sort(got[k])
+		got[e.PodUID+"/"+e.ResourceName] = sortedDevices(devicesOf(e.DeviceIDs))
 	}
 	assert.Equal(t, want, got, "the checkpoint holds exactly the live allocations")
 	assert.Len(t, registered[resGPU], loadDevices)

@@ -12,36 +12,49 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
-// A Census answers what ResourceHints answers, on the cross-check's random
-// resources, before and after devices change availability.
+// A Census of the healthy devices answers, for any set of allocated devices,
+// what ResourceHints answers with the healthy devices not allocated as the
+// available ones, on the cross-check's random resources.
 func TestCensusMatchesResourceHints(t *testing.T) {
 	const rounds = 3000
 	withHints := 0
 	for seed := range uint64(rounds) {
 		rng := rand.New(rand.NewPCG(seed, 7))
 		r := randomRequest(rng)
-		// Available devices are devices of the resource (healthy ones).
+		// The healthy devices are devices of the resource.
+		healthy := sets.New[string]()
 		for id := range r.Available {
-			if _, ok := r.Devices[id]; !ok {
-				r.Available.Delete(id)
+			if _, ok := r.Devices[id]; ok {
+				healthy.Insert(id)
 			}
 		}
-		c := NewCensus(r.Devices, r.Available.Has)
+		c := NewCensus(r.Devices, healthy.Has)
 		for step := range 4 {
+			// Some devices are allocated: healthy ones, unhealthy ones and
+			// IDs the census does not know.
+			allocated := someOf(rng, sets.KeySet(r.Devices).Insert("ghost-never-listed"))
+			r.Available = healthy.Difference(allocated)
 			want := ResourceHints(r)
-			got := c.Hints(r.MachineNodes, r.Reusable, r.Held, r.Request)
+			got := c.Hints(r.MachineNodes, allocated, r.Reusable, r.Held, r.Request)
 			require.Equal(t, want == nil, got == nil, "seed %d step %d nil-ness: %s", seed, step, describe(r))
 			require.Equal(t, want, got, "seed %d step %d: %s", seed, step, describe(r))
-			assert.Equal(t, r.Available.Len(), c.Available())
 			if len(got) > 0 {
 				withHints++
 			}
-			// Some devices are allocated or released.
-			flipSome(rng, r, c)
-			c.SetAvailable("ghost-never-listed", true) // ignored
 		}
 	}
 	assert.Greater(t, withHints, rounds, "rounds with hints")
+}
+
+// someOf returns about a quarter of ids.
+func someOf(rng *rand.Rand, ids sets.Set[string]) sets.Set[string] {
+	out := sets.New[string]()
+	for _, id := range sets.List(ids) {
+		if rng.IntN(4) == 0 {
+			out.Insert(id)
+		}
+	}
+	return out
 }
 
 func BenchmarkCensusHints(b *testing.B) {
@@ -54,7 +67,7 @@ func BenchmarkCensusHints(b *testing.B) {
 	c := NewCensus(devices, available.Has)
 	b.ReportAllocs()
 	for b.Loop() {
-		c.Hints([]int{0, 1}, nil, nil, 4)
+		c.Hints([]int{0, 1}, nil, nil, nil, 4)
 	}
 }
 
@@ -121,7 +134,7 @@ func tiersByDefinition(affinity *BitMask, devices map[string]*pluginapi.Device, 
 
 // FilterByAffinity and Census.Tiers, which sort nothing, give the tiers the
 // documentation defines, on the cross-check's random resources, for random
-// affinities (none, empty, any nodes), as devices change availability.
+// affinities (none, empty, any nodes) and sets of available devices.
 func TestTiersMatchTheirDefinition(t *testing.T) {
 	aware := 0
 	for seed := range uint64(3000) {
@@ -143,39 +156,18 @@ func TestTiersMatchTheirDefinition(t *testing.T) {
 		a := affinity()
 		require.Equal(t, tiersByDefinition(a, r.Devices, r.Available), FilterByAffinity(a, r.Devices, r.Available), "seed %d", seed)
 
-		for id := range r.Available {
-			if _, ok := r.Devices[id]; !ok {
-				r.Available.Delete(id)
-			}
-		}
-		c := NewCensus(r.Devices, r.Available.Has)
+		c := NewCensus(r.Devices, func(string) bool { return true })
 		ids := sets.List(sets.KeySet(r.Devices))
 		if Aware(r.Devices) {
 			aware++
 		}
 		for step := range 4 {
 			a := affinity()
+			r.Available = someOf(rng, sets.KeySet(r.Devices))
 			want := tiersByDefinition(a, r.Devices, r.Available)
 			require.Equal(t, want, FilterByAffinity(a, r.Devices, r.Available), "seed %d step %d", seed, step)
-			require.Equal(t, want, c.Tiers(a, ids), "seed %d step %d: census", seed, step)
-			flipSome(rng, r, c)
+			require.Equal(t, want, c.Tiers(a, ids, r.Available.Has), "seed %d step %d: census", seed, step)
 		}
 	}
 	assert.Greater(t, aware, 1000, "topology-aware resources")
-}
-
-// flipSome makes about a quarter of r's devices change availability, in r and
-// in c alike, as allocations come and go.
-func flipSome(rng *rand.Rand, r HintRequest, c *Census) {
-	for id := range r.Devices {
-		if rng.IntN(4) == 0 {
-			avail := !r.Available.Has(id)
-			c.SetAvailable(id, avail)
-			if avail {
-				r.Available.Insert(id)
-			} else {
-				r.Available.Delete(id)
-			}
-		}
-	}
 }

@@ -209,11 +209,11 @@ func TestCheckpointStoreKeys(t *testing.T) {
 	assert.ErrorIs(t, cm.GetCheckpoint("id1", checkpoint.New(nil, nil)), checkpoint.ErrNotFound)
 }
 
-// What the manager writes after admissions: entries sorted by (pod,
-// container, resource), IDs sorted, RegisteredDevices the healthy IDs, the
-// plugin's answers in deterministic protobuf, each device under its NUMA
-// nodes (-1 without topology). The kubelet writes map order, so the same
-// state can give different files; devmgr always writes the same bytes.
+// What the manager writes after admissions: entries in admission order, IDs
+// sorted, RegisteredDevices the healthy IDs, the plugin's answers in
+// deterministic protobuf, each device under its NUMA nodes (-1 without
+// topology). The kubelet writes map order, so the same state can give
+// different files; devmgr always writes the same bytes for the same history.
 func TestCheckpointContentAfterAdmission(t *testing.T) {
 	e := newEnv(t, func(o *devicemanager.Options) { o.NUMANodes = []int{0, 1} })
 	e.start(t)
@@ -249,8 +249,8 @@ func TestCheckpointContentAfterAdmission(t *testing.T) {
 		order = append(order, [3]string{en.PodUID, en.ContainerName, en.ResourceName})
 	}
 	assert.Equal(t, [][3]string{
-		{"u1", "a", resNIC}, {"u1", "z", resGPU}, {"u1", "z", resNIC}, {"u2", "c", resGPU}, {"u3", "b", resGPU},
-	}, order, "entries not sorted by (pod, container, resource)")
+		{"u3", "b", resGPU}, {"u1", "z", resGPU}, {"u1", "z", resNIC}, {"u2", "c", resGPU}, {"u1", "a", resNIC},
+	}, order, "entries not in admission order (a container's resources in name order)")
 
 	assert.Equal(t, map[string][]string{resGPU: {"g0", "g1", "g2", "g3"}, resNIC: {"n0", "n1"}}, reg,
 		"RegisteredDevices must be the sorted healthy IDs")
