@@ -154,7 +154,7 @@ func (d *Data) marshal() ([]byte, error) {
 		e := &entries[i]
 		k := entryKey{e.PodUID, e.ContainerName, e.ResourceName}
 		enc := d.encoded[k]
-		if enc == nil || !sameEntry(&enc.entry, e) {
+		if enc == nil || !sameContent(&enc.entry, e) {
 			js, err := json.Marshal(e)
 			if err != nil {
 				return nil, err
@@ -180,7 +180,7 @@ func (d *Data) marshal() ([]byte, error) {
 	}, d.data.RegisteredDevices)
 	d.encoded = encoded
 
-	b := make([]byte, 0, size+len(registered)+64)
+	b := make([]byte, 0, size+len(registered)+128)
 	b = append(b, `{"Data":{"PodDeviceEntries":`...)
 	if entries == nil {
 		b = append(b, "null"...)
@@ -201,11 +201,10 @@ func (d *Data) marshal() ([]byte, error) {
 	return append(b, '}'), nil
 }
 
-// sameEntry reports whether a and b hold the same content, nil and empty
-// told apart.
-func sameEntry(a, b *PodDevicesEntry) bool {
-	return a.PodUID == b.PodUID && a.ContainerName == b.ContainerName && a.ResourceName == b.ResourceName &&
-		(a.AllocResp == nil) == (b.AllocResp == nil) && bytes.Equal(a.AllocResp, b.AllocResp) &&
+// sameContent reports whether entries a and b of the same key hold the same
+// devices and response, nil and empty told apart.
+func sameContent(a, b *PodDevicesEntry) bool {
+	return (a.AllocResp == nil) == (b.AllocResp == nil) && bytes.Equal(a.AllocResp, b.AllocResp) &&
 		(a.DeviceIDs == nil) == (b.DeviceIDs == nil) &&
 		maps.EqualFunc(a.DeviceIDs, b.DeviceIDs, func(x, y []string) bool {
 			return (x == nil) == (y == nil) && slices.Equal(x, y)
