@@ -332,7 +332,7 @@ type freeDevices struct {
 // freeLocked returns r's free devices. Expects m.mu held.
 func (m *ManagerImpl) freeLocked(r *resourceState) freeDevices {
 	n := r.healthyLen()
-	for id := range m.ledger.Allocated(r.name) {
+	for id := range m.ledger.AllocatedIDs(r.name) {
 		if r.isHealthy(id) {
 			n--
 		}

@@ -1,6 +1,8 @@
 package podstate
 
 import (
+	"iter"
+	"maps"
 	"slices"
 
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -71,6 +73,12 @@ func (l *Ledger) release(resource string, ids []string, ref ContainerRef) {
 // resource), whatever the number of pods.
 func (l *Ledger) Allocated(resource string) sets.Set[string] {
 	return sets.KeySet(l.index[resource])
+}
+
+// AllocatedIDs yields what Allocated returns, without copying it. The ledger
+// must not change during the iteration.
+func (l *Ledger) AllocatedIDs(resource string) iter.Seq[string] {
+	return maps.Keys(l.index[resource])
 }
 
 // IsAllocated reports whether a record or a pending reservation holds the

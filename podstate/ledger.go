@@ -1,6 +1,8 @@
 package podstate
 
 import (
+	"iter"
+	"maps"
 	"slices"
 
 	"google.golang.org/protobuf/proto"
@@ -166,8 +168,9 @@ func (l *Ledger) DeleteContainerResources(podUID, containerName string, resource
 	}
 }
 
-// Pods returns the UIDs of the pods that have records.
-func (l *Ledger) Pods() sets.Set[string] { return sets.KeySet(l.pods) }
+// Pods yields the UIDs of the pods that have records, in no particular
+// order. The ledger must not change during the iteration.
+func (l *Ledger) Pods() iter.Seq[string] { return maps.Keys(l.pods) }
 
 // Len returns the number of pods that have records.
 func (l *Ledger) Len() int { return len(l.pods) }

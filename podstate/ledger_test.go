@@ -1,6 +1,7 @@
 package podstate
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -25,7 +26,7 @@ func TestLedgerQueries(t *testing.T) {
 	l.Insert("pod2", "ctr1", res1, checkpoint.DevicesPerNUMA{1: {"d4"}}, nil)
 
 	assert.Equal(t, 2, l.Len())
-	assert.Equal(t, sets.New("pod1", "pod2"), l.Pods())
+	assert.Equal(t, sets.New("pod1", "pod2"), sets.New(slices.Collect(l.Pods())...))
 	assert.True(t, l.HasPod("pod2"))
 	assert.False(t, l.HasPod("pod3"))
 
