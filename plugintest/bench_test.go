@@ -72,7 +72,7 @@ func BenchmarkUpdateReceived(b *testing.B) {
 }
 
 // BenchmarkDevices copies a list of 10,000 GPU-style devices out of the
-// plugin, which decodes the list Update encoded.
+// plugin.
 func BenchmarkDevices(b *testing.B) {
 	devs := gpuDevices(10000, 0)
 	p, err := New(Options{ResourceName: testResource, Devices: devs})

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -107,8 +108,9 @@ type Plugin struct {
 	socket    *socketFile  // nil until Start
 	registry  *grpc.Server // nil unless ServeRegistry is serving
 	regSocket *socketFile  // nil unless ServeRegistry is serving
-	// list is the current device list.
-	list     listMessage
+	// list is the current device list: a copy made by newList, never
+	// modified, so that one message may be queued on every stream.
+	list     *pluginapi.ListAndWatchResponse
 	watchers map[*watcher]struct{}
 	info     *regapi.PluginInfo // GetInfo override; nil: default
 	hooks    hooks
@@ -122,9 +124,9 @@ type Plugin struct {
 // watcher is one open ListAndWatch stream. Its fields are guarded by
 // Plugin.mu.
 type watcher struct {
-	queue  []listMessage // messages not sent yet
-	wake   chan struct{} // capacity 1; signalled when queue or closed changes
-	closed bool          // set by CloseStreams
+	queue  []*pluginapi.ListAndWatchResponse // messages not sent yet
+	wake   chan struct{}                     // capacity 1; signalled when queue or closed changes
+	closed bool                              // set by CloseStreams
 }
 
 // New validates opts and returns a Plugin that is not serving yet. It touches
@@ -175,7 +177,7 @@ func New(opts Options) (*Plugin, error) {
 		emptyFirst: opts.EmptyFirstMessage,
 		logger:     logger.WithValues("resourceName", opts.ResourceName),
 		done:       make(chan struct{}),
-		list:       newListMessage(opts.Devices, 0),
+		list:       newList(opts.Devices),
 		watchers:   make(map[*watcher]struct{}),
 		faults:     make(map[Method]*fault),
 		changed:    make(chan struct{}),
@@ -209,7 +211,7 @@ func (p *Plugin) Start() error {
 		return err
 	}
 	p.socket = sock
-	p.server = grpc.NewServer(grpc.WaitForHandlers(true), grpc.ForceServerCodecV2(newWireCodec()))
+	p.server = grpc.NewServer(grpc.WaitForHandlers(true))
 	pluginapi.RegisterDevicePluginServer(p.server, &deviceService{p: p})
 	p.serveLocked(p.server, lis)
 	p.started = true
@@ -253,16 +255,17 @@ func (p *Plugin) Devices() []*pluginapi.Device {
 	p.mu.Lock()
 	list := p.list
 	p.mu.Unlock()
-	return list.devices() // immutable: copied without the lock
+	return copyDevices(list.Devices) // never modified: copied without the lock
 }
 
 // Update replaces the device list with a copy of devices and queues it on
 // every open ListAndWatch stream; streams opened later start with it. Every
 // Update is delivered, in order, to every stream open when it is called.
 func (p *Plugin) Update(devices []*pluginapi.Device) {
+	list := newList(devices) // the caller's slice, copied without the lock
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.list = newListMessage(devices, len(p.list.wire))
+	p.list = list
 	for w := range p.watchers {
 		w.queue = append(w.queue, p.list)
 		notify(w.wake)
@@ -301,7 +304,7 @@ func (p *Plugin) subscribe() (*watcher, error) {
 	}
 	w := &watcher{wake: make(chan struct{}, 1)}
 	if p.emptyFirst {
-		w.queue = append(w.queue, newListMessage(nil, 0))
+		w.queue = append(w.queue, &pluginapi.ListAndWatchResponse{})
 	}
 	w.queue = append(w.queue, p.list)
 	notify(w.wake)
@@ -322,7 +325,7 @@ func (p *Plugin) unsubscribe(w *watcher) {
 
 // next takes the messages queued on w; closed reports that CloseStreams ended
 // the stream.
-func (p *Plugin) next(w *watcher) (msgs []listMessage, closed bool) {
+func (p *Plugin) next(w *watcher) (msgs []*pluginapi.ListAndWatchResponse, closed bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	msgs, w.queue = w.queue, nil
@@ -403,18 +406,57 @@ func (s *socketFile) remove(logger klog.Logger) {
 	}
 }
 
-// cloneDevices deep-copies devices, nil entries included: the lists
-// encodeList cannot encode, which are rare enough to be copied by reflection.
-func cloneDevices(devices []*pluginapi.Device) []*pluginapi.Device {
+// newList returns the message that sends devices: a copy, made once, that
+// the streams share and nobody modifies, so that what a caller does to its
+// devices after Update or New never reaches a stream.
+func newList(devices []*pluginapi.Device) *pluginapi.ListAndWatchResponse {
+	return &pluginapi.ListAndWatchResponse{Devices: copyDevices(devices)}
+}
+
+// copyDevices deep-copies devices as they are: nil and empty lists, nil
+// entries and nodes, empty node lists, and fields unknown to the API (a test
+// may send them on purpose) all stay as they were. It copies the fields of
+// the three messages by hand rather than through proto.CloneOf, which walks
+// them by reflection, as it lies on the path from Update to every stream; a
+// test fills every field the API defines, so that one added to the API
+// cannot be left out unnoticed.
+func copyDevices(devices []*pluginapi.Device) []*pluginapi.Device {
 	if devices == nil {
 		return nil
 	}
 	out := make([]*pluginapi.Device, len(devices))
 	for i, d := range devices {
-		out[i] = proto.CloneOf(d) // nil stays nil
-		if t := d.GetTopology(); t != nil && t.Nodes != nil && len(t.Nodes) == 0 {
-			out[i].Topology.Nodes = []*pluginapi.NUMANode{} // proto.CloneOf leaves it nil
+		if d == nil {
+			continue
 		}
+		c := &pluginapi.Device{ID: d.ID, Health: d.Health, Topology: copyTopology(d.Topology)}
+		copyUnknown(c, d)
+		out[i] = c
 	}
 	return out
+}
+
+func copyTopology(t *pluginapi.TopologyInfo) *pluginapi.TopologyInfo {
+	if t == nil {
+		return nil
+	}
+	c := &pluginapi.TopologyInfo{}
+	if t.Nodes != nil {
+		c.Nodes = make([]*pluginapi.NUMANode, len(t.Nodes))
+		for i, n := range t.Nodes {
+			if n != nil {
+				c.Nodes[i] = &pluginapi.NUMANode{ID: n.ID}
+				copyUnknown(c.Nodes[i], n)
+			}
+		}
+	}
+	copyUnknown(c, t)
+	return c
+}
+
+// copyUnknown gives dst a copy of the unknown fields of src.
+func copyUnknown(dst, src proto.Message) {
+	if u := src.ProtoReflect().GetUnknown(); len(u) > 0 {
+		dst.ProtoReflect().SetUnknown(slices.Clone(u))
+	}
 }

@@ -3,6 +3,7 @@ package plugintest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -15,6 +16,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
@@ -274,4 +278,177 @@ func TestStopEndsStreams(t *testing.T) {
 	}
 	p.Update(devices("b")) // no stream left; must not block
 	assert.Equal(t, []string{"b"}, deviceIDs(p.Devices()))
+}
+
+func marshalList(t *testing.T, devs []*pluginapi.Device) []byte {
+	t.Helper()
+	b, err := proto.Marshal(&pluginapi.ListAndWatchResponse{Devices: devs})
+	require.NoError(t, err)
+	return b
+}
+
+func withUnknown(m proto.Message) {
+	m.ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 99, protowire.VarintType), 7))
+}
+
+// unusualLists are lists a real plugin would hardly send, one oddity each,
+// which a test may send on purpose.
+func unusualLists() map[string][]*pluginapi.Device {
+	odd := &pluginapi.Device{ID: "u", Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: 1}, {ID: 2}}}}
+	withUnknown(odd)
+	oddTopo := &pluginapi.Device{ID: "t", Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: 1}}}}
+	withUnknown(oddTopo.Topology)
+	oddNode := &pluginapi.Device{ID: "n", Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: 3}}}}
+	withUnknown(oddNode.Topology.Nodes[0])
+	plain := func() *pluginapi.Device { return &pluginapi.Device{ID: "a", Health: pluginapi.Healthy} }
+	return map[string][]*pluginapi.Device{
+		"nil device":             {plain(), nil},
+		"nil node":               {{ID: "d", Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: 1}, nil}}}},
+		"empty node list":        {plain(), {ID: "c", Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{}}}},
+		"unknown fields, device": {plain(), odd},
+		"unknown fields, topo":   {oddTopo},
+		"unknown fields, node":   {oddNode},
+		"ID not UTF-8":           {plain(), {ID: "gpu-\xff"}},
+		"health not UTF-8":       {{ID: "b", Health: "\xc3("}},
+	}
+}
+
+// An unusual list reaches the client as gRPC encodes it: unknown fields and
+// nil entries (as empty devices) arrive, and a string that is not UTF-8 ends
+// the stream with the marshalling error.
+func TestListAndWatchSendsUnusualLists(t *testing.T) {
+	for name, devs := range unusualLists() {
+		t.Run(name, func(t *testing.T) {
+			p, client := startPlugin(t, Options{Devices: devices("first")})
+			ctx := testContext(t)
+			stream, err := client.ListAndWatch(ctx, &pluginapi.Empty{})
+			require.NoError(t, err)
+			assert.Equal(t, []string{"first"}, recvIDs(t, stream))
+
+			p.Update(devs)
+			msg, err := stream.Recv()
+			if strings.Contains(name, "UTF-8") {
+				require.Error(t, err)
+				assert.Equal(t, codes.Internal, status.Code(err), "%v", err)
+				assert.Contains(t, err.Error(), "UTF-8")
+				return
+			}
+			require.NoError(t, err)
+			want := &pluginapi.ListAndWatchResponse{}
+			require.NoError(t, proto.Unmarshal(marshalList(t, devs), want))
+			requireProtoEqual(t, want, msg)
+		})
+	}
+}
+
+// Devices copies the list: it shares nothing with Update's argument or with
+// an earlier copy, and keeps nil and empty lists apart, as Update was given
+// them.
+func TestDevicesCopies(t *testing.T) {
+	lists := unusualLists()
+	lists["plain"] = []*pluginapi.Device{
+		{ID: "a", Health: pluginapi.Healthy, Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: 1}}}},
+		{ID: "b"},
+		{ID: "c", Topology: &pluginapi.TopologyInfo{}},
+	}
+	lists["empty"] = []*pluginapi.Device{}
+	lists["nil"] = nil
+	for name, devs := range lists {
+		p, err := New(Options{ResourceName: testResource})
+		require.NoError(t, err)
+		p.Update(devs)
+		got := p.Devices()
+		require.Len(t, got, len(devs), name)
+		assert.Equal(t, devs == nil, got == nil, "%s: nil and empty lists", name)
+		again := p.Devices()
+		for i, d := range devs {
+			if d == nil {
+				assert.Nil(t, got[i], name)
+				continue
+			}
+			assert.True(t, proto.Equal(d, got[i]), "%s: device %d: %v, want %v", name, i, got[i], d)
+			assert.NotSame(t, d, got[i], name)
+			assert.NotSame(t, got[i], again[i], name)
+			if d.Topology != nil {
+				assert.NotSame(t, d.Topology, got[i].Topology, name)
+				assert.Equal(t, d.Topology.Nodes == nil, got[i].Topology.Nodes == nil, "%s: device %d: nil and empty nodes", name, i)
+			}
+		}
+	}
+}
+
+// fill sets every field of m, and of the messages in it, to a value other
+// than its zero value: a field the API adds is set too.
+func fill(m protoreflect.Message) {
+	fields := m.Descriptor().Fields()
+	for i := range fields.Len() {
+		f := fields.Get(i)
+		switch {
+		case f.IsList() && f.Message() != nil:
+			fill(m.Mutable(f).List().AppendMutable().Message())
+		case f.IsList():
+			m.Mutable(f).List().Append(nonZero(f))
+		case f.Message() != nil:
+			fill(m.Mutable(f).Message())
+		default:
+			m.Set(f, nonZero(f))
+		}
+	}
+}
+
+// nonZero returns a value of the scalar kind of f other than its zero value.
+func nonZero(f protoreflect.FieldDescriptor) protoreflect.Value {
+	switch f.Kind() {
+	case protoreflect.StringKind:
+		return protoreflect.ValueOfString(string(f.Name()) + "-value")
+	case protoreflect.BoolKind:
+		return protoreflect.ValueOfBool(true)
+	case protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind:
+		return protoreflect.ValueOfInt64(7)
+	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind:
+		return protoreflect.ValueOfInt32(7)
+	case protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
+		return protoreflect.ValueOfUint64(7)
+	case protoreflect.Uint32Kind, protoreflect.Fixed32Kind:
+		return protoreflect.ValueOfUint32(7)
+	case protoreflect.EnumKind:
+		return protoreflect.ValueOfEnum(1)
+	case protoreflect.BytesKind:
+		return protoreflect.ValueOfBytes([]byte("b"))
+	default:
+		panic(fmt.Sprintf("fill: field %s of kind %v", f.FullName(), f.Kind()))
+	}
+}
+
+// What Update and New are given reaches the streams and Devices whole, every
+// field the API defines included, and later changes to it by the caller do
+// not: the plugin sends and returns what it was given when it was given it.
+func TestUpdateSendsACopy(t *testing.T) {
+	full := &pluginapi.Device{}
+	fill(full.ProtoReflect())
+	require.NotEmpty(t, full.GetTopology().GetNodes(), "fill sets nested messages")
+	want := []*pluginapi.Device{proto.CloneOf(full), {ID: "b", Health: pluginapi.Healthy}}
+
+	initial := []*pluginapi.Device{proto.CloneOf(full), {ID: "b", Health: pluginapi.Healthy}}
+	p, client := startPlugin(t, Options{Devices: initial})
+	mutate := func(devs []*pluginapi.Device) {
+		devs[0].ID = "changed"
+		devs[0].Topology.Nodes[0].ID = 99
+		devs[1] = &pluginapi.Device{ID: "replaced"}
+	}
+	mutate(initial)
+	ctx := testContext(t)
+	stream, err := client.ListAndWatch(ctx, &pluginapi.Empty{})
+	require.NoError(t, err)
+	first, err := stream.Recv()
+	require.NoError(t, err)
+	requireProtoEqual(t, &pluginapi.ListAndWatchResponse{Devices: want}, first)
+
+	update := []*pluginapi.Device{proto.CloneOf(full), {ID: "b", Health: pluginapi.Healthy}}
+	p.Update(update)
+	mutate(update)
+	second, err := stream.Recv()
+	require.NoError(t, err)
+	requireProtoEqual(t, &pluginapi.ListAndWatchResponse{Devices: want}, second)
+	requireProtoEqual(t, &pluginapi.ListAndWatchResponse{Devices: want}, &pluginapi.ListAndWatchResponse{Devices: p.Devices()})
 }

@@ -186,7 +186,7 @@ func (s *deviceService) ListAndWatch(req *pluginapi.Empty, stream grpc.ServerStr
 			return nil
 		}
 		for _, m := range msgs {
-			if err := stream.SendMsg(m.value()); err != nil {
+			if err := stream.Send(m); err != nil {
 				return err
 			}
 		}
