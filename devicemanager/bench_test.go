@@ -3,6 +3,7 @@ package devicemanager
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"testing"
@@ -92,66 +93,55 @@ func require0(b *testing.B, err error) {
 	}
 }
 
-// BenchmarkDeviceUpdate applies one ListAndWatch message that flips the
-// health of 10% of 10,000 devices (alternately to unhealthy and back), with 0
-// and with 1,000 pods holding the flipped devices. The cost includes finding
-// the pods to notify and writing the checkpoint.
+// BenchmarkDeviceUpdate applies ListAndWatch messages of 10,000 devices,
+// each making a fresh random tenth of them unhealthy (1,000 and 900
+// alternately, so the healthy set always changes and no state comes back),
+// with 0 and with 1,000 pods holding devices. The cost includes finding the
+// pods to notify and writing the checkpoint. "stream" applies the messages
+// as the plugin's stream does; "received" hands them to
+// PluginListAndWatchReceiver, built afresh outside the timer, as a client
+// that decodes every message whole does (the manager copies what it keeps).
 func BenchmarkDeviceUpdate(b *testing.B) {
-	for _, pods := range []int{0, 1000} {
-		b.Run(fmt.Sprintf("pods=%d", pods), func(b *testing.B) {
-			h := newHarness(b, quiet).start()
-			devs := numbered("dev", 10000)
-			h.registered(res1, devs)
-			h.admitPods(b, pods)
-			flipped := make([]*pluginapi.Device, len(devs))
-			for i, d := range devs {
-				flipped[i] = &pluginapi.Device{ID: d.ID, Health: d.Health}
-				if i < len(devs)/10 {
-					flipped[i].Health = pluginapi.Unhealthy
+	for _, via := range []string{"stream", "received"} {
+		for _, pods := range []int{0, 1000} {
+			b.Run(fmt.Sprintf("%s/pods=%d", via, pods), func(b *testing.B) {
+				h := newHarness(b, quiet).start()
+				devs := make([]*pluginapi.Device, 10000)
+				for i := range devs {
+					devs[i] = dev(fmt.Sprintf("GPU-%08x-5e1f-4c1a-9b0d-%012x", uint32(i)*2654435761, i), pluginapi.Healthy, int64(i%2))
 				}
-			}
-			go drain(h.m.Updates())
-			applyAlternately(b, h, res1, flipped, devs)
-		})
-	}
-}
-
-// BenchmarkDeviceUpdateReceived is BenchmarkDeviceUpdate through
-// PluginListAndWatchReceiver, with each message built afresh (outside the
-// timer), as a client that decodes every message whole hands it over: the
-// manager copies what it keeps. The devices have GPU-style IDs and one NUMA
-// node each.
-func BenchmarkDeviceUpdateReceived(b *testing.B) {
-	for _, pods := range []int{0, 1000} {
-		b.Run(fmt.Sprintf("pods=%d", pods), func(b *testing.B) {
-			h := newHarness(b, quiet).start()
-			devs := make([]*pluginapi.Device, 10000)
-			for i := range devs {
-				devs[i] = dev(fmt.Sprintf("GPU-%08x-5e1f-4c1a-9b0d-%012x", uint32(i)*2654435761, i), pluginapi.Healthy, int64(i%2))
-			}
-			h.registered(res1, devs)
-			h.admitPods(b, pods)
-			go drain(h.m.Updates())
-			message := func(flip bool) *pluginapi.ListAndWatchResponse {
-				out := make([]*pluginapi.Device, len(devs))
-				for i, d := range devs {
-					out[i] = &pluginapi.Device{ID: d.ID, Health: d.Health, Topology: d.Topology}
-					if flip && i < len(devs)/10 {
-						out[i].Health = pluginapi.Unhealthy
+				h.registered(res1, devs)
+				h.admitPods(b, pods)
+				go drain(h.m.Updates())
+				h.m.mu.Lock()
+				ep := h.m.resources[res1].primary
+				h.m.mu.Unlock()
+				rng := rand.New(rand.NewPCG(1, 2))
+				message := func(i int) []*pluginapi.Device {
+					out := make([]*pluginapi.Device, len(devs))
+					for j, d := range devs {
+						out[j] = &pluginapi.Device{ID: d.ID, Health: d.Health, Topology: d.Topology}
+					}
+					for _, j := range rng.Perm(len(devs))[:1000-100*(i%2)] {
+						out[j].Health = pluginapi.Unhealthy
+					}
+					return out
+				}
+				i := 0
+				b.ReportAllocs()
+				for b.Loop() {
+					b.StopTimer()
+					msg := message(i)
+					i++
+					b.StartTimer()
+					if via == "stream" {
+						h.m.onDevices(res1, ep, msg)
+					} else {
+						h.m.PluginListAndWatchReceiver(h.opts.Logger, res1, &pluginapi.ListAndWatchResponse{Devices: msg})
 					}
 				}
-				return &pluginapi.ListAndWatchResponse{Devices: out}
-			}
-			i := 0
-			b.ReportAllocs()
-			for b.Loop() {
-				b.StopTimer()
-				msg := message(i%2 == 0)
-				b.StartTimer()
-				h.m.PluginListAndWatchReceiver(h.opts.Logger, res1, msg)
-				i++
-			}
-		})
+			})
+		}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -56,9 +57,13 @@ func TestMetrics(t *testing.T) {
 	assert.Equal(t, 1, testutil.CollectAndCount(h.m.metrics.preferred))
 	assert.Equal(t, 2, testutil.CollectAndCount(h.m.metrics.messageBytes))
 
-	blob, err := os.ReadFile(filepath.Join(h.dir, checkpoint.DeviceManagerKey))
-	require.NoError(t, err)
-	assert.InDelta(t, float64(len(blob)), testutil.ToFloat64(h.m.metrics.checkpointBytes), 0)
+	// The update's checkpoint write ends after the capacity shows it: the
+	// metric is the size of the file once both are done.
+	h.eventually(func() bool {
+		blob, err := os.ReadFile(filepath.Join(h.dir, checkpoint.DeviceManagerKey))
+		return err == nil && float64(len(blob)) == testutil.ToFloat64(h.m.metrics.checkpointBytes) &&
+			slices.Equal(checkpointHealthy(h, res1), []string{"g0", "g1"})
+	}, "the checkpoint size metric is the file's size")
 	assert.Positive(t, testutil.ToFloat64(h.m.metrics.checkpointTotal.WithLabelValues("written")))
 
 	// The whole exposition, as a scrape sees it.

@@ -146,9 +146,9 @@ func Dial(ctx context.Context, resource, path string, opts Options) (*Endpoint, 
 
 // reachedServer reports whether a call that failed with err reached a gRPC
 // server: the connection is up (state), or the error is one a server sent.
-// The state alone does not tell: under load, a plugin's own error was seen
-// with the connection no longer Ready (once in about 16 runs of the
-// black-box tests), and reported as a failure to dial. Unavailable,
+// The state alone does not tell: under load, a plugin's own error can arrive
+// with the connection no longer Ready, and would be reported as a failure to
+// dial. Unavailable,
 // DeadlineExceeded and Canceled are what a client reports without a server
 // (none listening, none answering in time, the caller gave up), and an
 // error that is not a status is not an answer.
