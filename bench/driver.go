@@ -443,8 +443,8 @@ func logf(format string, args ...any) {
 // kubelet's device manager and none of devmgr but the plugin. Each side
 // then carries what its implementation needs and nothing of the other's:
 // in one binary, every process initialises k8s.io/kubernetes's packages
-// (about 6 MB allocated before main, and tens of MiB of the binary
-// resident), whichever side it runs. Both builds use the same toolchain as
+// (memory allocated before main, and more of the binary resident),
+// whichever side it runs. Both builds use the same toolchain as
 // this program (checked) and the flags of go run (no symbol table, no
 // DWARF); dir should not be on the disk the runs measure, and the builds
 // are flushed to disk before any run starts.

@@ -90,9 +90,8 @@ func makePod(i int, res string, n int64) *v1.Pod {
 }
 
 // podUID returns the i-th pod's UID: a version-4 UUID, unique per i and in
-// no particular order, as the API server assigns them. (Increasing UIDs would
-// make every admission append at the end of the sorted checkpoint, which
-// flatters incremental encoders.)
+// no particular order, as the API server assigns them, so that no
+// implementation gains from UIDs that arrive sorted.
 func podUID(i int) types.UID {
 	a, b := mix64(uint64(i)*2+1), mix64(uint64(i)*2+2)
 	return types.UID(fmt.Sprintf("%08x-%04x-4%03x-%04x-%012x",
@@ -208,15 +207,15 @@ var (
 
 // pollInterval is the pause between two polls of GetCapacity or of the
 // checkpoint file. A pause is a nanosleep on a thread of the poller's own
-// with a timer slack of 1 ns, about 25 µs for the default 10 µs: the poller
-// takes little CPU and never sits in the Go scheduler's queues (it keeps its
-// P: sysmon does not hand off system calls this short). 0 polls in a tight
-// loop instead, yielding the processor between polls; on this 2-CPU machine
-// that loop keeps one CPU busy, waits in the global run queue while the
-// manager's goroutine runs on, and starves the runtime's network poller
-// (execution traces: plugin frames left unread for 1.5 ms, and both
-// managers seen only once they block in their checkpoint write).
-// time.Sleep is no use here: under a millisecond it sleeps about 1.1 ms.
+// with a timer slack of 1 ns: the poller takes little CPU and never sits in
+// the Go scheduler's queues (it keeps its P, as sysmon does not hand off
+// system calls this short). 0 polls in a tight loop instead, yielding the
+// processor between polls; on a machine of few CPUs that loop keeps one
+// busy, waits in the global run queue while the manager's goroutine runs
+// on, and starves the runtime's network poller, so that a manager's new
+// state is often seen only once it blocks in its checkpoint write.
+// time.Sleep is no use here: it rounds short pauses up to about a
+// millisecond.
 var pollInterval = 10 * time.Microsecond
 
 // startPolling returns what to call between two polls, and what to call
@@ -251,12 +250,12 @@ var pinPoller = true
 // pinThreads puts the calling thread, the poller's, on the last CPU the
 // process may use and every other thread of the process on the others, and
 // returns the set to give them all back when the poll ends; ok is false
-// when there is one CPU or the sets cannot be read. The kernel of this
-// project's machine builds no scheduling domains and moves no thread from
-// one CPU to another: a manager thread that happened to share its CPU with
-// the poller's wakeups (one every 25 µs) ran several times slower than one
-// that did not, in some runs and not others. Threads created while the
-// poll lasts inherit the set of the thread that creates them.
+// when there is one CPU or the sets cannot be read. A kernel that does not
+// balance threads between CPUs may leave a manager thread on the CPU of the
+// poller's frequent wakeups, slowing it in some runs and not others, or the
+// poller's wakeup behind the manager's thread while another CPU idles.
+// Threads created while the poll lasts inherit the set of the thread that
+// creates them.
 func pinThreads(poller int) (all unix.CPUSet, ok bool) {
 	if err := unix.SchedGetaffinity(0, &all); err != nil || all.Count() < 2 {
 		return all, false

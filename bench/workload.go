@@ -73,10 +73,8 @@ const afterWrite = 100 * time.Millisecond
 // devices and messages the run built, the previous step's): a full
 // collection with its sweep, as go test does before a benchmark. Steps
 // timed back to back (W2's admissions, W6's calls) get one before the
-// first. Without it, whether the collection that the setup's garbage was
-// due fell in a step or before it decided most of W1's spread: devmgr's
-// register of 10,000 devices took 9.5-16.6 ms in 8 runs, and 6.2-15.5 ms
-// with it; the kubelet's 25.7-40.0 and 25.0-32.9 ms (2026-11-30).
+// first. Without it, whether a collection the setup made due falls inside
+// a step or before it varies from run to run, and so would the step.
 func collectGarbage() { runtime.GC() }
 
 func runMain(args []string) error {
