@@ -239,7 +239,7 @@ func compareMain(args []string) error {
 			floors = append(floors, job{"floor", "", []string{"-size", fmt.Sprint(floorSize)}})
 		}
 		// And on files of the sizes the checkpoint has in the middle of W2's
-		// first and last 100 admissions, which W2's growth is judged by.
+		// first and last 100 admissions.
 		if w2 := d.results["W2"]["devmgr"]; len(w2) > 0 && w2[len(w2)-1].Status == statusOK {
 			m := w2[len(w2)-1].Metrics
 			for _, v := range []string{"first100", "last100"} {

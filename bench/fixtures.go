@@ -400,36 +400,7 @@ func durableWrite(dir, name string, blob []byte) error {
 	return syncDir(dir)
 }
 
-// exchangeWrite writes blob to dir/name the way devmgr's store does once a
-// checkpoint exists: over a spare file (created on first use), fdatasync,
-// exchange with the target (renameat2 RENAME_EXCHANGE), fsync of the
-// directory. The target must exist.
-func exchangeWrite(dir, name string, blob []byte) error {
-	spare := filepath.Join(dir, "."+name+"-spare")
-	f, err := os.OpenFile(spare, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.WriteAt(blob, 0)
-	if err == nil {
-		err = f.Truncate(int64(len(blob)))
-	}
-	if err == nil {
-		err = unix.Fdatasync(int(f.Fd()))
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = unix.Renameat2(unix.AT_FDCWD, spare, unix.AT_FDCWD, filepath.Join(dir, name), unix.RENAME_EXCHANGE)
-	}
-	if err != nil {
-		return fmt.Errorf("exchange write: %w", err)
-	}
-	return syncDir(dir)
-}
-
-// syncDir makes dir's entries (a rename, an exchange) durable.
+// syncDir makes dir's entries (a rename) durable.
 func syncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {

@@ -302,7 +302,7 @@ func (r *report) method() {
 	r.p("- The poll's own lag. On the machine of 2026-11-30 (kernel 6.18.44-fc, 2 CPUs) the kernel builds no scheduling domains, so a thread woken from its sleep stays on the CPU it last ran on: `perf sched` showed the poller's wakeup waiting up to 2 ms behind the thread applying an update while the other CPU was idle, and in W3 the pause before the successful poll had a median of 0.9 to 2.2 ms per run. The other way round, a manager thread that shares its CPU with the poller's wakeups (one every 25 µs) runs slower than one that does not, and which of the two happens changes from run to run. A real-time (SCHED_FIFO) poller removed the lag but made every run about ten times slower. %s\n", r.pinText())
 	r.p("- W1: register a plugin with N devices, then one update making 10%% of them unhealthy. W2: 1,000 pods admitted one after the other on 1,000 devices. W3: 10 updates per run, alternately flipping 10%% of 10,000 devices to unhealthy and back (with 1,000 pods: exactly the devices they hold); median per run. W3 *moving* (0 pods, no target): each update makes the next tenth of the devices unhealthy and the previous tenth healthy again (about 1,900 devices change health; every other update makes 900 of its tenth unhealthy, not 1,000, so that allocatable changes with each update), so that none of the run's ten states comes back. devmgr recognises a state that comes back (its checkpoint encoder keeps the registered devices of its last two changes, with their JSON and hash, and its store finds the spare file already holding the document): the alternating W3 is its best case, the moving one its worst. W4: a process admits 1,000 pods and stops; then each run, in a fresh process, times NewManagerImpl+Start+GetCapacity on that checkpoint. W5: 500 pods each of two resources (500 devices each); throughput of admitting all 1,000. W6: 200 calls, median per call, for a container asking for one of 10,000 devices.\n")
 	if r.floorLen > 0 {
-		r.p("- The floor: one durable write (temp file, write, fsync, rename, fsync of the directory) of %s, the size of devmgr's checkpoint after W4's 1,000 admissions, on the same disk; 30 writes per run, median. The same on files of the checkpoint's size after 50 and after 950 of W2's admissions (the middle of its first and of its last 100), so that W2's growth can be set against the disk's own. And W2's own sequence of writes with no manager: 1,000 durable writes of a file growing in equal steps to the final checkpoint's size, 0.5 ms apart, through a new file and over a spare alternately (each on a file of its own); the means of the first and last 100 of each. A file rewritten at one size costs less than one that grew write by write to that size, so it is the last row, not the fixed-size ones, that W2's growth is set against.\n", formatBytes(float64(r.floorLen)))
+		r.p("- The floor: one durable write (temp file, write, fsync, rename, fsync of the directory) of %s, the size of devmgr's checkpoint after W4's 1,000 admissions, on the same disk; 30 writes per run, median. The same on files of the checkpoint's size after 50 and after 950 of W2's admissions (the middle of its first and of its last 100), so that W2's growth can be set against the disk's own. And W2's own sequence of writes with no manager: 1,000 durable writes of a file growing in equal steps to the final checkpoint's size, 0.5 ms apart; the means of the first and last 100. A file rewritten at one size costs less than one that grew write by write to that size, so it is the last row, not the fixed-size ones, that W2's growth is set against.\n", formatBytes(float64(r.floorLen)))
 	}
 	if r.binaries.split {
 		r.p("- `-split`: each side runs in a build of `bench/` that links its own implementation only: devmgr's side (and the floors) with `-tags devmgronly` (%s), which links no k8s.io/kubernetes package, the kubelet's with `-tags kubeletonly` (%s), which links none of devmgr but the plugin. Each process then carries the dependencies of its implementation only: every kubelet process initialises k8s.io/kubernetes's packages before main, no devmgr process does. Peak RSS is then each implementation as deployed, but the timings are not like for like: devmgr's process starts with a smaller heap, so the garbage collector's cycles come at other points, often inside the timed steps.\n", formatBytes(float64(r.binaries.devmgr)), formatBytes(float64(r.binaries.kubelet)))
@@ -343,8 +343,6 @@ func (r *report) table() {
 		if r.results["floor"] != nil {
 			r.p("| one durable write of %s (temp file, fsync, rename, directory fsync) | %s | %s |\n",
 				formatBytes(float64(r.floorLen)), r.cell("floor", "disk", "write_ns"), r.rssCell("floor", "disk"))
-			r.p("| the same size written over a spare file's blocks (fdatasync), exchanged with the file (renameat2 RENAME_EXCHANGE), directory fsync: how devmgr's store writes once a checkpoint exists | %s | %s |\n",
-				r.cell("floor", "disk", "exchange_ns"), r.rssCell("floor", "disk"))
 		}
 		for _, v := range []struct{ name, when string }{
 			{"first100", "in the middle of W2's first 100 admissions"},
@@ -352,15 +350,14 @@ func (r *report) table() {
 		} {
 			job := "floor/" + v.name
 			if sizes := finite(r.values("W2", "devmgr", v.name+"_bytes")); r.results[job] != nil && sizes.ok() {
-				r.p("| the same two, of %s (the checkpoint's size %s) | %s; over a spare: %s | %s |\n",
-					formatBytes(sizes.med()), v.when, r.cell(job, "disk", "write_ns"), r.cell(job, "disk", "exchange_ns"), r.rssCell(job, "disk"))
+				r.p("| the same, of %s (the checkpoint's size %s) | %s | %s |\n",
+					formatBytes(sizes.med()), v.when, r.cell(job, "disk", "write_ns"), r.rssCell(job, "disk"))
 			}
 		}
 		if r.results["floorgrow"] != nil {
-			r.p("| W2's writes alone: 1,000 durable writes of a file growing in equal steps to %s, mean of the first 100 → of the last 100 | through a new file: %s → %s; over a spare: %s → %s | %s |\n",
+			r.p("| W2's writes alone: 1,000 durable writes of a file growing in equal steps to %s, mean of the first 100 → of the last 100 | %s → %s | %s |\n",
 				formatBytes(finite(r.values("floorgrow", "disk", "bytes")).med()),
-				r.cell("floorgrow", "disk", "new_first100_ns"), r.cell("floorgrow", "disk", "new_last100_ns"),
-				r.cell("floorgrow", "disk", "spare_first100_ns"), r.cell("floorgrow", "disk", "spare_last100_ns"),
+				r.cell("floorgrow", "disk", "first100_ns"), r.cell("floorgrow", "disk", "last100_ns"),
 				r.rssCell("floorgrow", "disk"))
 		}
 		if r.results["W3wire"] != nil {
@@ -421,13 +418,9 @@ func (r *report) targets() {
 			v.measured += fmt.Sprintf("; the disk alone, on files of those sizes: %.3gx (%s → %s)",
 				l.med()/f.med(), formatNs(f.med()), formatNs(l.med()))
 		}
-		f, l = finite(r.values("floor/first100", "disk", "exchange_ns")), finite(r.values("floor/last100", "disk", "exchange_ns"))
+		f, l = finite(r.values("floorgrow", "disk", "first100_ns")), finite(r.values("floorgrow", "disk", "last100_ns"))
 		if f.ok() && l.ok() {
-			v.measured += fmt.Sprintf(", over a spare %.3gx (%s → %s)", l.med()/f.med(), formatNs(f.med()), formatNs(l.med()))
-		}
-		f, l = finite(r.values("floorgrow", "disk", "spare_first100_ns")), finite(r.values("floorgrow", "disk", "spare_last100_ns"))
-		if f.ok() && l.ok() {
-			v.measured += fmt.Sprintf("; W2's own sequence of growing writes over a spare, alone: %.3gx (%s → %s)",
+			v.measured += fmt.Sprintf("; W2's own sequence of growing writes, alone: %.3gx (%s → %s)",
 				l.med()/f.med(), formatNs(f.med()), formatNs(l.med()))
 			df, dl := finite(first), finite(last)
 			if df.ok() && dl.ok() {

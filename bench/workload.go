@@ -808,11 +808,9 @@ func (r *run) w3wire(iters int) error {
 	return nil
 }
 
-// floor times the durable write of a file of size bytes on the run's disk,
-// the least a checkpointed admission can cost: through a new temporary file
-// (write_ns, the floor the targets use) and, alternating with it, over the
-// blocks of a spare file exchanged with the target (exchange_ns, the way
-// devmgr's store writes once a checkpoint exists).
+// floor times the durable write of a file of size bytes on the run's disk
+// (temp file, write, fsync, rename, fsync of the directory): the least a
+// checkpointed admission can cost.
 func (r *run) floor(size, iters int) error {
 	if size <= 0 {
 		return errors.New("floor: -size must be positive")
@@ -821,8 +819,7 @@ func (r *run) floor(size, iters int) error {
 	for i := range blob {
 		blob[i] = "0123456789abcdef"[i%16]
 	}
-	// The two ways alternate, so that both see the same disk.
-	d, x := make(durations, 0, iters), make(durations, 0, iters)
+	d := make(durations, 0, iters)
 	for range iters {
 		start := time.Now()
 		if err := durableWrite(r.dir, checkpointName, blob); err != nil {
@@ -830,28 +827,19 @@ func (r *run) floor(size, iters int) error {
 		}
 		d = append(d, time.Since(start))
 		blob[0] ^= 1
-		start = time.Now()
-		if err := exchangeWrite(r.dir, checkpointName, blob); err != nil {
-			return err
-		}
-		x = append(x, time.Since(start))
-		blob[0] ^= 1
 	}
 	r.duration("write_ns", median(d))
 	r.duration("write_min_ns", d.quantile(0))
-	r.duration("exchange_ns", median(x))
 	r.metric("bytes", float64(size))
 	return nil
 }
 
 // floorGrow times the disk alone on W2's sequence of writes: iters durable
 // writes of a file growing in equal steps up to size bytes, as the
-// checkpoint grows with each admission, both ways alternating (through a
-// new temporary file, and over a spare exchanged with the file, each on a
-// file of its own), with a pause between steps about as long as an
-// admission's other work. It reports the mean of the first and of the last
-// 100 writes each way: what W2's first and last 100 admissions would cost
-// if the disk write were all there was.
+// checkpoint grows with each admission, with a pause between writes about as
+// long as an admission's other work. It reports the mean of the first and of
+// the last 100 writes: what W2's first and last 100 admissions would cost if
+// the disk write were all there was.
 func (r *run) floorGrow(size, iters int) error {
 	if size <= 0 || iters < 200 {
 		return errors.New("floorgrow: -size must be positive and -iters at least 200")
@@ -861,32 +849,19 @@ func (r *run) floorGrow(size, iters int) error {
 		blob[i] = "0123456789abcdef"[i%16]
 	}
 	step := size / iters
-	newWay, spareWay := make(durations, 0, iters), make(durations, 0, iters)
+	d := make(durations, 0, iters)
 	for i := range iters {
 		n := (i + 1) * step
 		blob[i%n] ^= 1 // the content changes, as a new entry's does
 		start := time.Now()
-		if err := durableWrite(r.dir, "grow-new", blob[:n]); err != nil {
+		if err := durableWrite(r.dir, checkpointName, blob[:n]); err != nil {
 			return err
 		}
-		newWay = append(newWay, time.Since(start))
-		start = time.Now()
-		var err error
-		if i == 0 {
-			err = durableWrite(r.dir, "grow-spare", blob[:n])
-		} else {
-			err = exchangeWrite(r.dir, "grow-spare", blob[:n])
-		}
-		if err != nil {
-			return err
-		}
-		spareWay = append(spareWay, time.Since(start))
+		d = append(d, time.Since(start))
 		time.Sleep(500 * time.Microsecond)
 	}
-	r.duration("new_first100_ns", newWay[:100].mean())
-	r.duration("new_last100_ns", newWay[iters-100:].mean())
-	r.duration("spare_first100_ns", spareWay[:100].mean())
-	r.duration("spare_last100_ns", spareWay[iters-100:].mean())
+	r.duration("first100_ns", d[:100].mean())
+	r.duration("last100_ns", d[iters-100:].mean())
 	r.metric("bytes", float64(size))
 	return nil
 }

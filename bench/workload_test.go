@@ -44,7 +44,9 @@ func TestWorkloadsRunAgainstDevmgr(t *testing.T) {
 		{"W3wire", func(r *run) error { return r.w3wire(2) },
 			map[string]float64{"visible_ns": positive}},
 		{"floor", func(r *run) error { return r.floor(64<<10, 3) },
-			map[string]float64{"write_ns": positive, "exchange_ns": positive, "bytes": 64 << 10}},
+			map[string]float64{"write_ns": positive, "bytes": 64 << 10}},
+		{"floorgrow", func(r *run) error { return r.floorGrow(64<<10, 200) },
+			map[string]float64{"first100_ns": positive, "last100_ns": positive, "bytes": 64 << 10}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
