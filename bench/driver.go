@@ -49,8 +49,8 @@ var jobs = []job{
 	{"W3", "pods=1000", []string{"-pods", "1000"}},
 	{"W3direct", "pods=0", []string{"-pods", "0"}},
 	{"W3direct", "pods=1000", []string{"-pods", "1000"}},
-	{"W3", "pods=0,moving", []string{"-pods", "0", "-moving"}},
-	{"W3direct", "pods=0,moving", []string{"-pods", "0", "-moving"}},
+	{"W3", "pods=0,alternating", []string{"-pods", "0", "-states", statesAlternating}},
+	{"W3direct", "pods=0,alternating", []string{"-pods", "0", "-states", statesAlternating}},
 	{"W4", "", nil},
 	{"W5", "g=1", []string{"-goroutines", "1"}},
 	{"W5", "g=2", []string{"-goroutines", "2"}},
@@ -105,6 +105,7 @@ func compareMain(args []string) error {
 	rev := fs.String("rev", "", "how to name the devmgr under test in the report (default: git describe of ..)")
 	split := fs.Bool("split", false, "run each side in a build of bench/ that links its implementation only (-tags devmgronly, kubeletonly), instead of this binary")
 	goCmd := fs.String("go", "go", "with -split: the go command that builds each side")
+	seed := fs.Uint64("seed", 1, "seed of W3's random unhealthy sets in the first run; run i uses seed+i-1, on both sides")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -215,6 +216,8 @@ func compareMain(args []string) error {
 		if r%2 == 1 {
 			slices.Reverse(order)
 		}
+		// Both sides of one run get the same seed, so the same updates.
+		runSeed := []string{"-seed", strconv.FormatUint(*seed+uint64(r), 10)}
 		for _, j := range selected {
 			for _, impl := range order {
 				dir := filepath.Join(base, fmt.Sprintf("r%d-%s-%s", r+1, strings.NewReplacer("/", "", "=", "").Replace(j.name()), impl))
@@ -225,7 +228,7 @@ func compareMain(args []string) error {
 						continue
 					}
 				}
-				res := d.child(ctx, impl, dir, j.workload, j.args)
+				res := d.child(ctx, impl, dir, j.workload, slices.Concat(j.args, runSeed))
 				if j.workload != "W4" {
 					_ = os.RemoveAll(dir)
 				}
@@ -258,7 +261,7 @@ func compareMain(args []string) error {
 		for _, j := range floors {
 			impl := map[string]string{"floor": "disk", "floorgrow": "disk", "W3wire": "wire"}[j.workload]
 			dir := filepath.Join(base, fmt.Sprintf("r%d-%s%s", r+1, j.workload, j.variant))
-			res := d.child(ctx, impl, dir, j.workload, j.args)
+			res := d.child(ctx, impl, dir, j.workload, slices.Concat(j.args, runSeed))
 			_ = os.RemoveAll(dir)
 			d.add(j, res)
 			logf("run %d/%d %-12s %-7s %s", r+1, *runs, j.name(), impl, summary(res))

@@ -56,16 +56,15 @@ func makeDevices(n int) []*pluginapi.Device {
 	return out
 }
 
-// withUnhealthy returns a copy of devs in which the devices named in bad are
-// unhealthy.
-func withUnhealthy(devs []*pluginapi.Device, bad map[string]bool) []*pluginapi.Device {
+// withUnhealthy returns a copy of devs in which the devices at the indexes
+// in bad are unhealthy and every other device is healthy.
+func withUnhealthy(devs []*pluginapi.Device, bad []int) []*pluginapi.Device {
 	out := make([]*pluginapi.Device, len(devs))
 	for i, d := range devs {
-		c := &pluginapi.Device{ID: d.ID, Health: d.Health, Topology: d.Topology}
-		if bad[d.ID] {
-			c.Health = pluginapi.Unhealthy
-		}
-		out[i] = c
+		out[i] = &pluginapi.Device{ID: d.ID, Health: pluginapi.Healthy, Topology: d.Topology}
+	}
+	for _, i := range bad {
+		out[i].Health = pluginapi.Unhealthy
 	}
 	return out
 }
