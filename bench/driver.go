@@ -285,6 +285,7 @@ func compareMain(args []string) error {
 		poll:     *poll,
 		pin:      *pin,
 		binaries: binaries,
+		seed:     *seed,
 	}
 	text := rep.markdown()
 	if *out != "" {
