@@ -97,6 +97,26 @@ func TestReportIsShortAndJudgesEveryTarget(t *testing.T) {
 	}
 }
 
+// A target's figure is printed with the digits it takes to show on which
+// side of the limit it is.
+func TestAgainstLimitNeverPrintsAMissAsTheLimit(t *testing.T) {
+	for _, c := range []struct {
+		x, limit float64
+		atMost   bool
+		want     string
+	}{
+		{0.30031, 0.3, true, "0.3003"},
+		{0.29991, 0.3, true, "0.3"},
+		{0.0632, 0.25, true, "0.0632"},
+		{1.49996, 1.5, false, "1.49996"},
+		{2.2345, 1.5, false, "2.23"},
+	} {
+		if got := againstLimit(c.x, c.limit, c.atMost); got != c.want {
+			t.Errorf("againstLimit(%v, %v, %v) = %q, want %q", c.x, c.limit, c.atMost, got, c.want)
+		}
+	}
+}
+
 // Each target is judged against its own limit: a figure just past one
 // misses it, and only that one.
 func TestReportTargetsMissPastTheirLimit(t *testing.T) {
