@@ -49,8 +49,8 @@ var jobs = []job{
 	{"W3", "pods=1000", []string{"-pods", "1000"}},
 	{"W3direct", "pods=0", []string{"-pods", "0"}},
 	{"W3direct", "pods=1000", []string{"-pods", "1000"}},
-	{"W3", "pods=0,moving", []string{"-pods", "0", "-moving"}},
-	{"W3direct", "pods=0,moving", []string{"-pods", "0", "-moving"}},
+	{"W3", "pods=0,alternating", []string{"-pods", "0", "-states", statesAlternating}},
+	{"W3direct", "pods=0,alternating", []string{"-pods", "0", "-states", statesAlternating}},
 	{"W4", "", nil},
 	{"W5", "g=1", []string{"-goroutines", "1"}},
 	{"W5", "g=2", []string{"-goroutines", "2"}},
@@ -105,6 +105,7 @@ func compareMain(args []string) error {
 	rev := fs.String("rev", "", "how to name the devmgr under test in the report (default: git describe of ..)")
 	split := fs.Bool("split", false, "run each side in a build of bench/ that links its implementation only (-tags devmgronly, kubeletonly), instead of this binary")
 	goCmd := fs.String("go", "go", "with -split: the go command that builds each side")
+	seed := fs.Uint64("seed", 1, "seed of W3's random unhealthy sets in the first run; run i uses seed+i-1, on both sides")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -215,6 +216,8 @@ func compareMain(args []string) error {
 		if r%2 == 1 {
 			slices.Reverse(order)
 		}
+		// Both sides of one run get the same seed, so the same updates.
+		runSeed := []string{"-seed", strconv.FormatUint(*seed+uint64(r), 10)}
 		for _, j := range selected {
 			for _, impl := range order {
 				dir := filepath.Join(base, fmt.Sprintf("r%d-%s-%s", r+1, strings.NewReplacer("/", "", "=", "").Replace(j.name()), impl))
@@ -225,7 +228,7 @@ func compareMain(args []string) error {
 						continue
 					}
 				}
-				res := d.child(ctx, impl, dir, j.workload, j.args)
+				res := d.child(ctx, impl, dir, j.workload, slices.Concat(j.args, runSeed))
 				if j.workload != "W4" {
 					_ = os.RemoveAll(dir)
 				}
@@ -239,7 +242,7 @@ func compareMain(args []string) error {
 			floors = append(floors, job{"floor", "", []string{"-size", fmt.Sprint(floorSize)}})
 		}
 		// And on files of the sizes the checkpoint has in the middle of W2's
-		// first and last 100 admissions, which W2's growth is judged by.
+		// first and last 100 admissions.
 		if w2 := d.results["W2"]["devmgr"]; len(w2) > 0 && w2[len(w2)-1].Status == statusOK {
 			m := w2[len(w2)-1].Metrics
 			for _, v := range []string{"first100", "last100"} {
@@ -258,7 +261,7 @@ func compareMain(args []string) error {
 		for _, j := range floors {
 			impl := map[string]string{"floor": "disk", "floorgrow": "disk", "W3wire": "wire"}[j.workload]
 			dir := filepath.Join(base, fmt.Sprintf("r%d-%s%s", r+1, j.workload, j.variant))
-			res := d.child(ctx, impl, dir, j.workload, j.args)
+			res := d.child(ctx, impl, dir, j.workload, slices.Concat(j.args, runSeed))
 			_ = os.RemoveAll(dir)
 			d.add(j, res)
 			logf("run %d/%d %-12s %-7s %s", r+1, *runs, j.name(), impl, summary(res))
@@ -282,6 +285,7 @@ func compareMain(args []string) error {
 		poll:     *poll,
 		pin:      *pin,
 		binaries: binaries,
+		seed:     *seed,
 	}
 	text := rep.markdown()
 	if *out != "" {
@@ -443,8 +447,8 @@ func logf(format string, args ...any) {
 // kubelet's device manager and none of devmgr but the plugin. Each side
 // then carries what its implementation needs and nothing of the other's:
 // in one binary, every process initialises k8s.io/kubernetes's packages
-// (about 6 MB allocated before main, and tens of MiB of the binary
-// resident), whichever side it runs. Both builds use the same toolchain as
+// (memory allocated before main, and more of the binary resident),
+// whichever side it runs. Both builds use the same toolchain as
 // this program (checked) and the flags of go run (no symbol table, no
 // DWARF); dir should not be on the disk the runs measure, and the builds
 // are flushed to disk before any run starts.

@@ -56,16 +56,15 @@ func makeDevices(n int) []*pluginapi.Device {
 	return out
 }
 
-// withUnhealthy returns a copy of devs in which the devices named in bad are
-// unhealthy.
-func withUnhealthy(devs []*pluginapi.Device, bad map[string]bool) []*pluginapi.Device {
+// withUnhealthy returns a copy of devs in which the devices at the indexes
+// in bad are unhealthy and every other device is healthy.
+func withUnhealthy(devs []*pluginapi.Device, bad []int) []*pluginapi.Device {
 	out := make([]*pluginapi.Device, len(devs))
 	for i, d := range devs {
-		c := &pluginapi.Device{ID: d.ID, Health: d.Health, Topology: d.Topology}
-		if bad[d.ID] {
-			c.Health = pluginapi.Unhealthy
-		}
-		out[i] = c
+		out[i] = &pluginapi.Device{ID: d.ID, Health: pluginapi.Healthy, Topology: d.Topology}
+	}
+	for _, i := range bad {
+		out[i].Health = pluginapi.Unhealthy
 	}
 	return out
 }
@@ -90,9 +89,8 @@ func makePod(i int, res string, n int64) *v1.Pod {
 }
 
 // podUID returns the i-th pod's UID: a version-4 UUID, unique per i and in
-// no particular order, as the API server assigns them. (Increasing UIDs would
-// make every admission append at the end of the sorted checkpoint, which
-// flatters incremental encoders.)
+// no particular order, as the API server assigns them, so that no
+// implementation gains from UIDs that arrive sorted.
 func podUID(i int) types.UID {
 	a, b := mix64(uint64(i)*2+1), mix64(uint64(i)*2+2)
 	return types.UID(fmt.Sprintf("%08x-%04x-4%03x-%04x-%012x",
@@ -208,15 +206,15 @@ var (
 
 // pollInterval is the pause between two polls of GetCapacity or of the
 // checkpoint file. A pause is a nanosleep on a thread of the poller's own
-// with a timer slack of 1 ns, about 25 µs for the default 10 µs: the poller
-// takes little CPU and never sits in the Go scheduler's queues (it keeps its
-// P: sysmon does not hand off system calls this short). 0 polls in a tight
-// loop instead, yielding the processor between polls; on this 2-CPU machine
-// that loop keeps one CPU busy, waits in the global run queue while the
-// manager's goroutine runs on, and starves the runtime's network poller
-// (execution traces: plugin frames left unread for 1.5 ms, and both
-// managers seen only once they block in their checkpoint write).
-// time.Sleep is no use here: under a millisecond it sleeps about 1.1 ms.
+// with a timer slack of 1 ns: the poller takes little CPU and never sits in
+// the Go scheduler's queues (it keeps its P, as sysmon does not hand off
+// system calls this short). 0 polls in a tight loop instead, yielding the
+// processor between polls; on a machine of few CPUs that loop keeps one
+// busy, waits in the global run queue while the manager's goroutine runs
+// on, and starves the runtime's network poller, so that a manager's new
+// state is often seen only once it blocks in its checkpoint write.
+// time.Sleep is no use here: it rounds short pauses up to about a
+// millisecond.
 var pollInterval = 10 * time.Microsecond
 
 // startPolling returns what to call between two polls, and what to call
@@ -251,12 +249,12 @@ var pinPoller = true
 // pinThreads puts the calling thread, the poller's, on the last CPU the
 // process may use and every other thread of the process on the others, and
 // returns the set to give them all back when the poll ends; ok is false
-// when there is one CPU or the sets cannot be read. The kernel of this
-// project's machine builds no scheduling domains and moves no thread from
-// one CPU to another: a manager thread that happened to share its CPU with
-// the poller's wakeups (one every 25 µs) ran several times slower than one
-// that did not, in some runs and not others. Threads created while the
-// poll lasts inherit the set of the thread that creates them.
+// when there is one CPU or the sets cannot be read. A kernel that does not
+// balance threads between CPUs may leave a manager thread on the CPU of the
+// poller's frequent wakeups, slowing it in some runs and not others, or the
+// poller's wakeup behind the manager's thread while another CPU idles.
+// Threads created while the poll lasts inherit the set of the thread that
+// creates them.
 func pinThreads(poller int) (all unix.CPUSet, ok bool) {
 	if err := unix.SchedGetaffinity(0, &all); err != nil || all.Count() < 2 {
 		return all, false
@@ -401,36 +399,7 @@ func durableWrite(dir, name string, blob []byte) error {
 	return syncDir(dir)
 }
 
-// exchangeWrite writes blob to dir/name the way devmgr's store does once a
-// checkpoint exists: over a spare file (created on first use), fdatasync,
-// exchange with the target (renameat2 RENAME_EXCHANGE), fsync of the
-// directory. The target must exist.
-func exchangeWrite(dir, name string, blob []byte) error {
-	spare := filepath.Join(dir, "."+name+"-spare")
-	f, err := os.OpenFile(spare, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.WriteAt(blob, 0)
-	if err == nil {
-		err = f.Truncate(int64(len(blob)))
-	}
-	if err == nil {
-		err = unix.Fdatasync(int(f.Fd()))
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = unix.Renameat2(unix.AT_FDCWD, spare, unix.AT_FDCWD, filepath.Join(dir, name), unix.RENAME_EXCHANGE)
-	}
-	if err != nil {
-		return fmt.Errorf("exchange write: %w", err)
-	}
-	return syncDir(dir)
-}
-
-// syncDir makes dir's entries (a rename, an exchange) durable.
+// syncDir makes dir's entries (a rename) durable.
 func syncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
