@@ -113,21 +113,35 @@ func appendNUMAText(b []byte, m DevicesPerNUMA) []byte {
 	return append(b, ']')
 }
 
-func appendRegisteredText(b []byte, m map[string][]string) []byte {
+// hashRegistered continues h over the text spew prints for the registered
+// devices, "<nil>" or "map[k1:[a b] k2:<nil>]" with keys sorted, reading the
+// names and IDs where they are: with tens of thousands of IDs, printing the
+// text first would copy it all.
+func hashRegistered(h uint32, m map[string][]string) uint32 {
 	if m == nil {
-		return append(b, spewNil...)
+		return fnvString(h, spewNil)
 	}
-	keys := slices.Sorted(maps.Keys(m))
-	b = append(b, "map["...)
-	for i, k := range keys {
+	h = fnvString(h, "map[")
+	for i, k := range slices.Sorted(maps.Keys(m)) {
 		if i > 0 {
-			b = append(b, ' ')
+			h = fnvByte(h, ' ')
 		}
-		b = append(b, k...)
-		b = append(b, ':')
-		b = appendStringListText(b, m[k])
+		h = fnvByte(fnvString(h, k), ':')
+		ids := m[k]
+		if ids == nil {
+			h = fnvString(h, spewNil)
+			continue
+		}
+		h = fnvByte(h, '[')
+		for j, id := range ids {
+			if j > 0 {
+				h = fnvByte(h, ' ')
+			}
+			h = fnvString(h, id)
+		}
+		h = fnvByte(h, ']')
 	}
-	return append(b, ']')
+	return fnvByte(h, ']')
 }
 
 // appendEntryHeadText prints an entry up to and including "DeviceIDs:"; the
@@ -174,7 +188,7 @@ func hashDocument(isNil bool, n int, hashEntry func(h uint32, i int) uint32, reg
 		h = fnvByte(h, ']')
 	}
 	h = fnvString(h, docRegistered)
-	h = fnvUpdate(h, appendRegisteredText(nil, registered))
+	h = hashRegistered(h, registered)
 	return uint64(fnvByte(h, '}'))
 }
 
