@@ -73,9 +73,9 @@ func (m *ManagerImpl) GetAllocatableDevices() ResourceDeviceInstances {
 			continue
 		}
 		devs := make(DeviceInstances, r.healthyLen())
-		for id, d := range r.devices {
-			if r.isHealthy(id) {
-				devs[id] = d.dev
+		for _, d := range r.devices {
+			if d.healthy && !r.down {
+				devs[d.id] = d.dev
 			}
 		}
 		out[name] = devs

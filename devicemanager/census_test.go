@@ -112,12 +112,12 @@ func TestCensusFollowsTopologyOnlyUpdates(t *testing.T) {
 	m := &ManagerImpl{resources: map[string]*resourceState{}, ledger: podstate.NewLedger()}
 	r := newResource(res1)
 	m.resources[res1] = r
-	r.setDevices([]*pluginapi.Device{dev("a", pluginapi.Healthy, 0), dev("b", pluginapi.Healthy, 1), dev("c", pluginapi.Unhealthy, 0)}, false)
+	r.setDevices([]*pluginapi.Device{dev("a", pluginapi.Healthy, 0), dev("b", pluginapi.Healthy, 1), dev("c", pluginapi.Unhealthy, 0)})
 	node0 := topology.BitMask(1)
 	m.censusLocked(r)
 
 	// Healthy devices swap nodes.
-	r.setDevices([]*pluginapi.Device{dev("a", pluginapi.Healthy, 1), dev("b", pluginapi.Healthy, 0), dev("c", pluginapi.Unhealthy, 0)}, false)
+	r.setDevices([]*pluginapi.Device{dev("a", pluginapi.Healthy, 1), dev("b", pluginapi.Healthy, 0), dev("c", pluginapi.Unhealthy, 0)})
 	got := m.censusLocked(r).Tiers(&node0, r.sortedHealthy(), m.freeLocked(r).Has)
 	require.Equal(t, []string{"b"}, got.Aligned)
 	require.Equal(t, []string{"a"}, got.Unaligned)
@@ -126,9 +126,9 @@ func TestCensusFollowsTopologyOnlyUpdates(t *testing.T) {
 	// the resource becomes topology-aware.
 	r = newResource(res2)
 	m.resources[res2] = r
-	r.setDevices([]*pluginapi.Device{dev("a", pluginapi.Healthy), dev("c", pluginapi.Unhealthy)}, false)
+	r.setDevices([]*pluginapi.Device{dev("a", pluginapi.Healthy), dev("c", pluginapi.Unhealthy)})
 	m.censusLocked(r)
-	r.setDevices([]*pluginapi.Device{dev("a", pluginapi.Healthy), dev("c", "Unknown", 0)}, false)
+	r.setDevices([]*pluginapi.Device{dev("a", pluginapi.Healthy), dev("c", "Unknown", 0)})
 	want := topology.ResourceHints(topology.HintRequest{
 		MachineNodes: []int{0, 1}, Devices: r.deviceMap(), Available: available(m, r), Reusable: sets.New[string](), Request: 1,
 	})

@@ -135,65 +135,6 @@ func TestPluginListAndWatchReceiverConcurrentWithStream(t *testing.T) {
 
 func checkpointFile(dir string) string { return filepath.Join(dir, checkpoint.DeviceManagerKey) }
 
-// The manager keeps copies of the devices handed in: a caller that changes a
-// device it passed and passes it again gets the new health applied, and the
-// checkpoint, allocatable and the sorted lists keep agreeing.
-func TestPluginListAndWatchReceiverCopiesDevices(t *testing.T) {
-	h := newHarness(t).start()
-	h.registered(resRecv, devices("r", 4))
-	list := devices("r", 4)
-	list[0].Health = pluginapi.Unhealthy
-	h.m.PluginListAndWatchReceiver(h.opts.Logger, resRecv, &pluginapi.ListAndWatchResponse{Devices: list})
-	_, a := h.capacity(resRecv)
-	require.Equal(t, int64(3), a)
-
-	list[0].Health = pluginapi.Healthy // the same object, changed, sent again
-	h.m.PluginListAndWatchReceiver(h.opts.Logger, resRecv, &pluginapi.ListAndWatchResponse{Devices: list})
-	_, a = h.capacity(resRecv)
-	assert.Equal(t, int64(4), a, "the changed device is healthy again")
-
-	list[1].Health = pluginapi.Unhealthy // changed and not sent: nothing moves
-	_, a = h.capacity(resRecv)
-	assert.Equal(t, int64(4), a)
-	fresh := devices("r", 4)
-	fresh[2].Health = pluginapi.Unhealthy
-	h.m.PluginListAndWatchReceiver(h.opts.Logger, resRecv, &pluginapi.ListAndWatchResponse{Devices: fresh})
-	_, a = h.capacity(resRecv)
-	_, registered := readCheckpointFile(t, h.dir)
-	assert.Equal(t, []string{"r0", "r1", "r3"}, registered[resRecv])
-	assert.Equal(t, int64(3), a)
-	assert.ElementsMatch(t, registered[resRecv], sortedKeys(h.m.GetAllocatableDevices()[resRecv]))
-}
-
-// A device whose health flips through the receiver keeps the NUMA nodes the
-// manager holds, not the caller's: changing the topology of a device passed
-// in changes nothing the manager reports, whether its health flipped or
-// not; a device without topology, or with an empty node list, stays so.
-func TestPluginListAndWatchReceiverKeepsItsTopology(t *testing.T) {
-	h := newHarness(t).start()
-	emptyNodes := func(id, health string) *pluginapi.Device {
-		return &pluginapi.Device{ID: id, Health: health, Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{}}}
-	}
-	h.registered(resRecv, []*pluginapi.Device{dev("r0", pluginapi.Unhealthy, 0), dev("r1", pluginapi.Healthy, 1),
-		dev("r2", pluginapi.Unhealthy), emptyNodes("r3", pluginapi.Unhealthy)})
-	list := []*pluginapi.Device{dev("r0", pluginapi.Healthy, 0), dev("r1", pluginapi.Healthy, 1),
-		dev("r2", pluginapi.Healthy), emptyNodes("r3", pluginapi.Healthy)}
-	h.m.PluginListAndWatchReceiver(h.opts.Logger, resRecv, &pluginapi.ListAndWatchResponse{Devices: list})
-	list[0].Topology.Nodes[0].ID = 7
-	list[1].Topology.Nodes[0].ID = 7
-	list[2].Topology = &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: 7}}}
-	list[3].Topology.Nodes = append(list[3].Topology.Nodes, &pluginapi.NUMANode{ID: 7})
-
-	got := h.m.GetAllocatableDevices()[resRecv]
-	require.Len(t, got, 4)
-	assert.Equal(t, []int64{0}, nodeIDs(got["r0"]))
-	assert.Equal(t, []int64{1}, nodeIDs(got["r1"]))
-	assert.Nil(t, got["r2"].Topology)
-	require.NotNil(t, got["r3"].Topology)
-	assert.NotNil(t, got["r3"].Topology.Nodes)
-	assert.Empty(t, got["r3"].Topology.Nodes)
-}
-
 func nodeIDs(d *pluginapi.Device) []int64 {
 	var out []int64
 	for _, n := range d.GetTopology().GetNodes() {

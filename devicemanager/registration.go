@@ -167,8 +167,8 @@ func (m *ManagerImpl) follow(resource string, ep *endpoint.Endpoint) {
 // checkpoint is written if its content changed. The plugin's own stream keeps
 // applying its messages; the latest message wins, as in the kubelet.
 //
-// The manager keeps copies of the devices it stores, so the caller may reuse
-// and change its Device values (and send them again) as it likes.
+// The manager keeps resp's Device values, as the kubelet does: the caller
+// must not change them afterwards (send new values instead).
 //
 // Unlike the kubelet, a list for a resource with no connected plugin instance
 // (never registered, or its last plugin gone) is ignored, and so is a nil
@@ -201,29 +201,23 @@ func (m *ManagerImpl) PluginListAndWatchReceiver(logger klog.Logger, resourceNam
 			keyCount, len(resp.GetDevices()))
 		return
 	}
-	// Should the instance disconnect in between, applyDevices drops the
-	// list, as it drops a late message from that instance's stream. The
-	// caller keeps resp's devices: the manager stores copies.
-	m.applyDevices(resourceName, ep, resp.GetDevices(), true)
+	// Should the instance disconnect in between, onDevices drops the list,
+	// as it drops a late message from that instance's stream.
+	m.onDevices(resourceName, ep, resp.GetDevices())
 }
 
-// onDevices applies one ListAndWatch message: the device list of the resource
-// becomes exactly the message's. Owners of devices whose health changed are
-// notified, and the checkpoint is written if its content changed.
+// onDevices applies one ListAndWatch message of ep: the device list of the
+// resource becomes exactly the message's. Owners of devices whose health
+// changed are notified, and the checkpoint is written if its content
+// changed.
 func (m *ManagerImpl) onDevices(resource string, ep *endpoint.Endpoint, devs []*pluginapi.Device) {
-	m.applyDevices(resource, ep, devs, false)
-}
-
-// applyDevices is onDevices; borrowed says the devices belong to the caller
-// (PluginListAndWatchReceiver), not to the instance's stream.
-func (m *ManagerImpl) applyDevices(resource string, ep *endpoint.Endpoint, devs []*pluginapi.Device, borrowed bool) {
 	m.mu.Lock()
 	r := m.resources[resource]
 	if r == nil || !r.current(ep) {
 		m.mu.Unlock()
 		return // a replaced or disconnected instance
 	}
-	changed, healthyChanged := r.setDevices(devs, borrowed)
+	changed, healthyChanged := r.setDevices(devs)
 	healthy := r.healthyLen()
 	// The owners of changed devices, in device ID order.
 	var owners []string

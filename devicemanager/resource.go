@@ -30,15 +30,14 @@ type resourceState struct {
 	// down: the plugin is gone; every device counts as unhealthy until the
 	// next list.
 	down bool
-	// devices is the last list any instance reported, by ID (the last device
-	// listed under an ID wins). A device counts as healthy when its Health is
-	// exactly "Healthy", the resource is registered and its plugin is not
-	// down; healthy is the number of devices whose Health is "Healthy".
-	devices map[string]*device
+	// devices is the last list any instance reported, in ID order, each ID
+	// once (the last device listed under it); index holds each ID's
+	// position in it. A device counts as healthy when its Health is exactly
+	// "Healthy", the resource is registered and its plugin is not down;
+	// healthy is the number of devices whose Health is "Healthy".
+	devices []device
+	index   map[string]int
 	healthy int
-	// sorted holds the devices in ID order; nil when the set of IDs changed
-	// since it was sorted.
-	sorted []*device
 	// lists numbers the lists applied, to tell repeated IDs in a list apart.
 	lists uint64
 	// census counts the devices per NUMA node set for topology hints; nil
@@ -46,10 +45,15 @@ type resourceState struct {
 	census *topology.Census
 }
 
-// device is one device of a resource's list: the map and the sorted list
-// share it, so that a new report of the same device updates both.
+// device is one device of a resource's list, with what a new report of it
+// is compared with, held here rather than read through the stored device:
+// a plugin resends its whole list, tens of thousands of devices, on every
+// change, and reading each stored device again is most of the cost.
 type device struct {
-	dev *pluginapi.Device
+	id      string // dev.ID, in the resource's string of all IDs
+	dev     *pluginapi.Device
+	healthy bool     // dev.Health == "Healthy"
+	nodes   nodeList // dev.Topology
 	// list is the number of the last list that named the device.
 	list uint64
 }
@@ -67,11 +71,7 @@ func (r *resourceState) current(ep *endpoint.Endpoint) bool {
 }
 
 func newResource(name string) *resourceState {
-	return &resourceState{
-		name:      name,
-		instances: map[string]*instance{},
-		devices:   map[string]*device{},
-	}
+	return &resourceState{name: name, instances: map[string]*instance{}}
 }
 
 // healthyLen returns the number of devices that count as healthy.
@@ -92,38 +92,25 @@ func (r *resourceState) capacityLen() int {
 
 // isHealthy reports whether device id counts as healthy.
 func (r *resourceState) isHealthy(id string) bool {
-	d := r.devices[id]
-	return d != nil && r.registered && !r.down && d.dev.Health == pluginapi.Healthy
+	i, ok := r.index[id]
+	return ok && r.registered && !r.down && r.devices[i].healthy
 }
 
 // device returns the device listed under id; nil if none is.
 func (r *resourceState) device(id string) *pluginapi.Device {
-	if d := r.devices[id]; d != nil {
-		return d.dev
+	if i, ok := r.index[id]; ok {
+		return r.devices[i].dev
 	}
 	return nil
 }
 
 // byID yields every device with its ID.
 func (r *resourceState) byID(yield func(string, *pluginapi.Device) bool) {
-	for id, d := range r.devices {
-		if !yield(id, d.dev) {
+	for _, d := range r.devices {
+		if !yield(d.id, d.dev) {
 			return
 		}
 	}
-}
-
-// sortedDevices returns the devices in ID order; the slice is shared and
-// must not be modified.
-func (r *resourceState) sortedDevices() []*device {
-	if r.sorted == nil {
-		r.sorted = make([]*device, 0, len(r.devices))
-		for _, d := range r.devices {
-			r.sorted = append(r.sorted, d)
-		}
-		slices.SortFunc(r.sorted, func(a, b *device) int { return strings.Compare(a.dev.ID, b.dev.ID) })
-	}
-	return r.sorted
 }
 
 // sortedHealthy returns a new list of the IDs of the devices that count as
@@ -133,9 +120,9 @@ func (r *resourceState) sortedHealthy() []string {
 	if r.healthyLen() == 0 {
 		return out
 	}
-	for _, d := range r.sortedDevices() {
-		if d.dev.Health == pluginapi.Healthy {
-			out = append(out, d.dev.ID)
+	for _, d := range r.devices {
+		if d.healthy {
+			out = append(out, d.id)
 		}
 	}
 	return out
@@ -144,16 +131,15 @@ func (r *resourceState) sortedHealthy() []string {
 // setDevices makes devs the resource's device list and returns the IDs of
 // the devices that are new or whose health changed (the kubelet notifies
 // their owners), and whether the set of devices that count as healthy
-// changed. borrowed says the caller keeps devs and may change them later:
-// the resource then stores copies.
-func (r *resourceState) setDevices(devs []*pluginapi.Device, borrowed bool) (changed []string, healthyChanged bool) {
+// changed. The resource keeps the devices: they must not change afterwards.
+func (r *resourceState) setDevices(devs []*pluginapi.Device) (changed []string, healthyChanged bool) {
 	wasRegistered, wasDown := r.registered, r.down
 	// Plugins resend their whole list on every change, nearly always with
 	// the same IDs: such a list is applied in place.
-	if r.sameIDs(devs) {
-		changed, healthyChanged = r.updateInPlace(devs, borrowed)
+	if known := r.known(devs); known != nil {
+		changed, healthyChanged = r.updateInPlace(devs, known)
 	} else {
-		changed, healthyChanged = r.replace(devs, borrowed)
+		changed, healthyChanged = r.replace(devs)
 	}
 	r.registered, r.listed, r.down = true, true, false
 	switch {
@@ -168,50 +154,53 @@ func (r *resourceState) setDevices(devs []*pluginapi.Device, borrowed bool) (cha
 	return changed, healthyChanged
 }
 
-// sameIDs reports whether devs lists exactly the IDs of the resource's
-// devices, each once, and no nil device.
-func (r *resourceState) sameIDs(devs []*pluginapi.Device) bool {
-	if !r.listed || len(devs) != len(r.devices) {
-		return false
+// known returns the position of each device of devs, in order, when devs
+// lists exactly the resource's devices, each once, and no nil device; nil
+// otherwise.
+func (r *resourceState) known(devs []*pluginapi.Device) []int {
+	if !r.listed || len(devs) != len(r.devices) || len(devs) == 0 {
+		return nil
 	}
 	r.lists++
-	for _, d := range devs {
+	out := make([]int, len(devs))
+	for i, d := range devs {
 		if d == nil {
-			return false
+			return nil
 		}
-		known := r.devices[d.ID]
-		if known == nil || known.list == r.lists {
-			return false
+		k, ok := r.index[d.ID]
+		if !ok || r.devices[k].list == r.lists {
+			return nil
 		}
-		known.list = r.lists
+		r.devices[k].list = r.lists
+		out[i] = k
 	}
-	return true
+	return out
 }
 
-// updateInPlace applies devs, which lists the same IDs (sameIDs): devices
-// whose health or topology differ are replaced.
-func (r *resourceState) updateInPlace(devs []*pluginapi.Device, borrowed bool) (changed []string, healthyChanged bool) {
-	for _, d := range devs {
-		known := r.devices[d.ID]
-		prev := known.dev
-		sameNodes := sameTopology(d.Topology, prev.Topology)
-		if d.Health == prev.Health && sameNodes {
+// updateInPlace applies devs, whose positions known holds: devices whose
+// health or topology differ are replaced.
+func (r *resourceState) updateInPlace(devs []*pluginapi.Device, known []int) (changed []string, healthyChanged bool) {
+	for i, d := range devs {
+		stored := &r.devices[known[i]]
+		healthy := d.Health == pluginapi.Healthy
+		sameHealth := healthy == stored.healthy && (healthy || d.Health == stored.dev.Health)
+		nodes := nodeListOf(d.Topology)
+		sameNodes := nodes.equal(stored.nodes)
+		if sameHealth && sameNodes {
 			continue
 		}
 		if !sameNodes {
 			r.census = nil
 		}
-		if borrowed {
-			d = cloneDevice(d)
-		}
-		known.dev = d
-		if d.Health == prev.Health {
+		stored.dev, stored.nodes = d, nodes
+		if sameHealth {
 			continue
 		}
 		changed = append(changed, d.ID)
-		if wasHealthy, isHealthy := prev.Health == pluginapi.Healthy, d.Health == pluginapi.Healthy; wasHealthy != isHealthy {
+		if healthy != stored.healthy {
 			healthyChanged = true
-			if isHealthy {
+			stored.healthy = healthy
+			if healthy {
 				r.healthy++
 			} else {
 				r.healthy--
@@ -223,73 +212,101 @@ func (r *resourceState) updateInPlace(devs []*pluginapi.Device, borrowed bool) (
 
 // replace makes devs the device list, each ID once (the last device listed
 // under it), nil devices dropped.
-func (r *resourceState) replace(devs []*pluginapi.Device, borrowed bool) (changed []string, healthyChanged bool) {
-	next := make(map[string]*device, len(devs))
+func (r *resourceState) replace(devs []*pluginapi.Device) (changed []string, healthyChanged bool) {
+	index := make(map[string]int, len(devs))
+	list := make([]device, 0, len(devs))
 	for _, d := range devs {
 		if d == nil {
 			continue
 		}
-		if borrowed {
-			d = cloneDevice(d)
+		stored := device{dev: d, healthy: d.Health == pluginapi.Healthy, nodes: nodeListOf(d.Topology)}
+		if i, ok := index[d.ID]; ok {
+			list[i] = stored
+			continue
 		}
-		next[d.ID] = &device{dev: d}
+		index[d.ID] = len(list)
+		list = append(list, stored)
 	}
 	healthy := 0
-	for id, d := range next {
-		isHealthy := d.dev.Health == pluginapi.Healthy
-		if isHealthy {
+	for _, d := range list {
+		if d.healthy {
 			healthy++
 		}
-		prev := r.devices[id]
-		if prev == nil || prev.dev.Health != d.dev.Health {
-			changed = append(changed, id)
+		prev := r.device(d.dev.ID)
+		if prev == nil || prev.Health != d.dev.Health {
+			changed = append(changed, d.dev.ID)
 		}
-		if wasHealthy := prev != nil && prev.dev.Health == pluginapi.Healthy; wasHealthy != isHealthy {
+		if wasHealthy := prev != nil && prev.Health == pluginapi.Healthy; wasHealthy != d.healthy {
 			healthyChanged = true
 		}
 	}
 	// A healthy device that left the list changes the set too.
-	if !healthyChanged {
-		for id, prev := range r.devices {
-			if prev.dev.Health == pluginapi.Healthy && next[id] == nil {
-				healthyChanged = true
-				break
-			}
+	for _, prev := range r.devices {
+		if _, ok := index[prev.id]; !ok && prev.healthy {
+			healthyChanged = true
 		}
 	}
-	r.devices, r.healthy, r.sorted, r.census = next, healthy, nil, nil
+	slices.SortFunc(list, func(a, b device) int { return strings.Compare(a.dev.ID, b.dev.ID) })
+	// The IDs are copied, in order, into one string: every checkpoint write
+	// reads each healthy ID, and IDs scattered over the plugin's messages
+	// would cost a cache miss each.
+	var all strings.Builder
+	for _, d := range list {
+		all.WriteString(d.dev.ID)
+	}
+	ids := all.String()
+	for i := range list {
+		n := len(list[i].dev.ID)
+		list[i].id, ids = ids[:n], ids[n:]
+		index[list[i].id] = i
+	}
+	r.devices, r.index, r.healthy, r.census = list, index, healthy, nil
 	return changed, healthyChanged
 }
 
-// cloneDevice copies the fields of d the manager reads.
-func cloneDevice(d *pluginapi.Device) *pluginapi.Device {
-	c := &pluginapi.Device{ID: d.ID, Health: d.Health}
-	if t := d.Topology; t != nil {
-		c.Topology = &pluginapi.TopologyInfo{}
-		if t.Nodes != nil {
-			c.Topology.Nodes = make([]*pluginapi.NUMANode, len(t.Nodes))
-			for i, n := range t.Nodes {
-				if n != nil {
-					c.Topology.Nodes[i] = &pluginapi.NUMANode{ID: n.ID}
-				}
-			}
-		}
-	}
-	return c
+// nodeList is a device's NUMA nodes in short: no Topology, a Topology
+// without a node list, or one node, each told from the others; any other
+// Topology is kept whole.
+type nodeList struct {
+	kind  uint8
+	node  int64
+	other *pluginapi.TopologyInfo
 }
 
-// sameTopology reports whether a and b list the same NUMA nodes in the same
-// order, nil and empty alike (a copy of either is then equally good).
-func sameTopology(a, b *pluginapi.TopologyInfo) bool {
-	if (a == nil) != (b == nil) || (a.GetNodes() == nil) != (b.GetNodes() == nil) {
+const (
+	noTopology uint8 = iota
+	noNodeList
+	oneNode
+	otherNodes
+)
+
+func nodeListOf(t *pluginapi.TopologyInfo) nodeList {
+	switch {
+	case t == nil:
+		return nodeList{kind: noTopology}
+	case t.Nodes == nil:
+		return nodeList{kind: noNodeList}
+	case len(t.Nodes) == 1 && t.Nodes[0] != nil:
+		return nodeList{kind: oneNode, node: t.Nodes[0].ID}
+	}
+	return nodeList{kind: otherNodes, other: t}
+}
+
+// equal reports whether n and o list the same nodes in the same order, nil
+// and empty lists and nil entries told apart.
+func (n nodeList) equal(o nodeList) bool {
+	if n.kind != o.kind || n.node != o.node {
 		return false
 	}
-	an, bn := a.GetNodes(), b.GetNodes()
-	if len(an) != len(bn) {
+	if n.kind != otherNodes {
+		return true
+	}
+	a, b := n.other.Nodes, o.other.Nodes
+	if len(a) != len(b) || (a == nil) != (b == nil) {
 		return false
 	}
-	for i := range an {
-		if (an[i] == nil) != (bn[i] == nil) || an[i].GetID() != bn[i].GetID() {
+	for i := range a {
+		if (a[i] == nil) != (b[i] == nil) || a[i].GetID() != b[i].GetID() {
 			return false
 		}
 	}

@@ -50,7 +50,7 @@ func healthIDs(r *resourceState) (healthy, unhealthy sets.Set[string], wrong str
 
 func sortedIDs(r *resourceState) []string {
 	out := []string{}
-	for _, d := range r.sortedDevices() {
+	for _, d := range r.devices {
 		out = append(out, d.dev.ID)
 	}
 	return out
@@ -75,13 +75,12 @@ func stateOf(t *testing.T, r *resourceState) deviceState {
 // changes, over random sequences of lists that mostly repeat the previous
 // IDs (in any order) with a few health or topology changes, and sometimes
 // add, drop, repeat or nil a device, with the plugin going away now and
-// then. A lent list is stored as copies.
+// then.
 func TestUpdateInPlaceMatchesReplace(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 9))
 	inPlace := 0
 	for seq := 0; seq < 200; seq++ {
-		// lent gets the same lists as fast, as a caller's (copied in).
-		fast, slow, lent := newResource("r"), newResource("r"), newResource("r")
+		fast, slow := newResource("r"), newResource("r")
 		var list []*pluginapi.Device
 		for i := range 1 + rng.IntN(12) {
 			list = append(list, randomDevice(rng, fmt.Sprintf("dev-%02d", i)))
@@ -118,28 +117,19 @@ func TestUpdateInPlaceMatchesReplace(t *testing.T) {
 			case 5:
 				fast.markUnhealthy()
 				slow.markUnhealthy()
-				lent.markUnhealthy()
 			}
 			list = next
-			if fast.sameIDs(sent) {
+			if fast.known(sent) != nil {
 				inPlace++
 			}
 			slow.listed = false // never in place
-			gotChanged, gotHealthy := fast.setDevices(sent, false)
-			wantChanged, wantHealthy := slow.setDevices(sent, false)
+			gotChanged, gotHealthy := fast.setDevices(sent)
+			wantChanged, wantHealthy := slow.setDevices(sent)
 			slices.Sort(gotChanged)
 			slices.Sort(wantChanged)
 			require.Equal(t, wantChanged, gotChanged, "seq %d step %d: changed", seq, step)
 			require.Equal(t, wantHealthy, gotHealthy, "seq %d step %d: healthy set changed", seq, step)
 			require.Equal(t, stateOf(t, slow), stateOf(t, fast), "seq %d step %d", seq, step)
-			lentChanged, lentHealthy := lent.setDevices(sent, true)
-			slices.Sort(lentChanged)
-			require.Equal(t, wantChanged, lentChanged, "seq %d step %d: changed (lent)", seq, step)
-			require.Equal(t, wantHealthy, lentHealthy, "seq %d step %d: healthy set changed (lent)", seq, step)
-			require.Equal(t, stateOf(t, slow), stateOf(t, lent), "seq %d step %d (lent)", seq, step)
-			for id, d := range lent.deviceMap() {
-				require.False(t, slices.Contains(sent, d), "seq %d step %d: %s is the caller's object", seq, step, id)
-			}
 		}
 	}
 	assert.Greater(t, inPlace, 2000, "the in-place path was hardly taken")
@@ -164,7 +154,7 @@ func TestUpdateInPlaceKeepsUnchanged(t *testing.T) {
 	first := []*pluginapi.Device{
 		{ID: "a", Health: pluginapi.Healthy}, {ID: "b", Health: pluginapi.Healthy}, {ID: "c", Health: pluginapi.Unhealthy},
 	}
-	changed, healthyChanged := r.setDevices(first, false)
+	changed, healthyChanged := r.setDevices(first)
 	assert.ElementsMatch(t, []string{"a", "b", "c"}, changed)
 	assert.True(t, healthyChanged)
 
@@ -172,7 +162,7 @@ func TestUpdateInPlaceKeepsUnchanged(t *testing.T) {
 		{ID: "c", Health: pluginapi.Unhealthy, Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: 1}}}},
 		{ID: "a", Health: pluginapi.Healthy}, {ID: "b", Health: pluginapi.Healthy},
 	}
-	changed, healthyChanged = r.setDevices(second, false)
+	changed, healthyChanged = r.setDevices(second)
 	assert.Empty(t, changed)
 	assert.False(t, healthyChanged)
 	assert.Same(t, first[0], r.device("a"), "an unchanged device keeps its value")
@@ -181,7 +171,7 @@ func TestUpdateInPlaceKeepsUnchanged(t *testing.T) {
 	third := []*pluginapi.Device{
 		{ID: "a", Health: pluginapi.Healthy}, {ID: "b", Health: pluginapi.Unhealthy}, {ID: "c", Health: pluginapi.Unhealthy},
 	}
-	changed, healthyChanged = r.setDevices(third, false)
+	changed, healthyChanged = r.setDevices(third)
 	assert.Equal(t, []string{"b"}, changed)
 	assert.True(t, healthyChanged)
 	assert.Equal(t, []string{"a"}, r.sortedHealthy())
@@ -199,7 +189,7 @@ func BenchmarkSetDevicesFirstList(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		if changed, _ := newResource("r").setDevices(devs, false); len(changed) != len(devs) {
+		if changed, _ := newResource("r").setDevices(devs); len(changed) != len(devs) {
 			b.Fatalf("%d devices changed, want %d", len(changed), len(devs))
 		}
 	}
@@ -228,7 +218,7 @@ func BenchmarkSnapshotLists(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			r := newResource("r")
-			r.setDevices(devs, false)
+			r.setDevices(devs)
 			if got := len(r.sortedHealthy()); got != len(devs) {
 				b.Fatalf("%d healthy, want %d", got, len(devs))
 			}
@@ -237,14 +227,14 @@ func BenchmarkSnapshotLists(b *testing.B) {
 	b.Run("update", func(b *testing.B) {
 		msgs := [][]*pluginapi.Device{list(1000), list(900), list(1000), list(900)}
 		r := newResource("r")
-		r.setDevices(list(0), false)
+		r.setDevices(list(0))
 		r.sortedHealthy()
 		i := 0
 		b.ReportAllocs()
 		for b.Loop() {
 			msg := msgs[i%len(msgs)]
 			i++
-			r.setDevices(msg, true)
+			r.setDevices(msg)
 			if got, want := len(r.sortedHealthy()), countHealthy(msg); got != want {
 				b.Fatalf("%d healthy, want %d", got, want)
 			}
@@ -273,8 +263,7 @@ func (m *refModel) healthy() sets.Set[string] {
 	return s
 }
 
-// Over random sequences of lists (in place or not, lent or not, with
-// repeated IDs and health strings the API does not define), plugins gone,
+// Over random sequences of lists (in place or not, with repeated IDs and health strings the API does not define), plugins gone,
 // resources retired and restored from the checkpoint, the resource counts,
 // lists and reports healthy and free devices as the plain model does, and
 // reports every change of its healthy set.
@@ -321,9 +310,8 @@ func TestResourceMatchesModel(t *testing.T) {
 					ref.devices[d.ID] = d.Health
 				}
 				ref.registered, ref.down = true, false
-				borrowed := rng.IntN(2) == 0
-				_, hc := r.setDevices(devs, borrowed)
-				op = fmt.Sprintf("list%v(b=%v)", devIDs(devs), borrowed)
+				_, hc := r.setDevices(devs)
+				op = fmt.Sprintf("list%v", devIDs(devs))
 				// A first list always counts as a change; any other must
 				// say so exactly when the healthy set changed.
 				if wasReg && !oldHealthy.Equal(ref.healthy()) != hc {
@@ -400,7 +388,7 @@ func devIDs(devs []*pluginapi.Device) []string {
 func TestNilNodeToNodeZeroUpdatesTopology(t *testing.T) {
 	r := newResource(res1)
 	withNil := &pluginapi.Device{ID: "d", Health: healthy, Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{nil}}}
-	r.setDevices([]*pluginapi.Device{withNil}, false)
-	r.setDevices([]*pluginapi.Device{dev("d", healthy, 0)}, false)
+	r.setDevices([]*pluginapi.Device{withNil})
+	r.setDevices([]*pluginapi.Device{dev("d", healthy, 0)})
 	require.NotNil(t, r.device("d").Topology.Nodes[0])
 }
