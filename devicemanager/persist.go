@@ -17,8 +17,8 @@ import (
 // registered resource. It is written after a successful admission (before
 // Allocate returns), after a device update that changes the healthy set, and
 // after GetCapacity removes a resource; never on disconnect, garbage
-// collection or Stop. The same state always gives the same bytes, and a write
-// that would not change the file is skipped.
+// collection or Stop. The same history always gives the same bytes, and a
+// write that would not change the file is skipped.
 
 // snapshotLocked returns the content of the checkpoint for the current state:
 // the ledger's entries, in admission order, and the sorted healthy IDs of

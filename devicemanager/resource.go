@@ -30,13 +30,15 @@ type resourceState struct {
 	// down: the plugin is gone; every device counts as unhealthy until the
 	// next list.
 	down bool
-	// devices is the last list any instance reported, in ID order, each ID
-	// once (the last device listed under it); index holds each ID's
-	// position in it. A device counts as healthy when its Health is exactly
-	// "Healthy", the resource is registered and its plugin is not down;
-	// healthy is the number of devices whose Health is "Healthy".
+	// devices is the last list any instance reported, each ID once (the
+	// last device listed under it), in ID order once sorted is set; index
+	// holds each ID's position in it. A device counts as healthy when its
+	// Health is exactly "Healthy", the resource is registered and its
+	// plugin is not down; healthy is the number of devices whose Health is
+	// "Healthy".
 	devices []device
 	index   map[string]int
+	sorted  bool
 	healthy int
 	// lists numbers the lists applied, to tell repeated IDs in a list apart.
 	lists uint64
@@ -113,6 +115,20 @@ func (r *resourceState) byID(yield func(string, *pluginapi.Device) bool) {
 	}
 }
 
+// sortedDevices returns the devices in ID order; the slice is the
+// resource's. A new list is sorted here, when first needed, rather than when
+// it arrives: its counts are visible without waiting for the sort.
+func (r *resourceState) sortedDevices() []device {
+	if !r.sorted {
+		slices.SortFunc(r.devices, func(a, b device) int { return strings.Compare(a.id, b.id) })
+		for i, d := range r.devices {
+			r.index[d.id] = i
+		}
+		r.sorted = true
+	}
+	return r.devices
+}
+
 // sortedHealthy returns a new list of the IDs of the devices that count as
 // healthy, in order.
 func (r *resourceState) sortedHealthy() []string {
@@ -120,7 +136,7 @@ func (r *resourceState) sortedHealthy() []string {
 	if r.healthyLen() == 0 {
 		return out
 	}
-	for _, d := range r.devices {
+	for _, d := range r.sortedDevices() {
 		if d.healthy {
 			out = append(out, d.id)
 		}
@@ -213,28 +229,50 @@ func (r *resourceState) updateInPlace(devs []*pluginapi.Device, known []int) (ch
 // replace makes devs the device list, each ID once (the last device listed
 // under it), nil devices dropped.
 func (r *resourceState) replace(devs []*pluginapi.Device) (changed []string, healthyChanged bool) {
+	// The IDs are copied into one string: every checkpoint write reads each
+	// healthy ID, and IDs scattered over the plugin's messages would cost a
+	// cache miss each.
+	size := 0
+	for _, d := range devs {
+		if d != nil {
+			size += len(d.ID)
+		}
+	}
+	var all strings.Builder
+	all.Grow(size)
+	for _, d := range devs {
+		if d != nil {
+			all.WriteString(d.ID)
+		}
+	}
+	ids := all.String()
 	index := make(map[string]int, len(devs))
 	list := make([]device, 0, len(devs))
 	for _, d := range devs {
 		if d == nil {
 			continue
 		}
-		stored := device{dev: d, healthy: d.Health == pluginapi.Healthy, nodes: nodeListOf(d.Topology)}
-		if i, ok := index[d.ID]; ok {
+		var id string
+		id, ids = ids[:len(d.ID)], ids[len(d.ID):]
+		stored := device{id: id, dev: d, healthy: d.Health == pluginapi.Healthy, nodes: nodeListOf(d.Topology)}
+		if i, ok := index[id]; ok {
 			list[i] = stored
 			continue
 		}
-		index[d.ID] = len(list)
+		index[id] = len(list)
 		list = append(list, stored)
+	}
+	if len(r.devices) == 0 {
+		changed = make([]string, 0, len(list)) // every device is new
 	}
 	healthy := 0
 	for _, d := range list {
 		if d.healthy {
 			healthy++
 		}
-		prev := r.device(d.dev.ID)
+		prev := r.device(d.id)
 		if prev == nil || prev.Health != d.dev.Health {
-			changed = append(changed, d.dev.ID)
+			changed = append(changed, d.id)
 		}
 		if wasHealthy := prev != nil && prev.Health == pluginapi.Healthy; wasHealthy != d.healthy {
 			healthyChanged = true
@@ -246,21 +284,7 @@ func (r *resourceState) replace(devs []*pluginapi.Device) (changed []string, hea
 			healthyChanged = true
 		}
 	}
-	slices.SortFunc(list, func(a, b device) int { return strings.Compare(a.dev.ID, b.dev.ID) })
-	// The IDs are copied, in order, into one string: every checkpoint write
-	// reads each healthy ID, and IDs scattered over the plugin's messages
-	// would cost a cache miss each.
-	var all strings.Builder
-	for _, d := range list {
-		all.WriteString(d.dev.ID)
-	}
-	ids := all.String()
-	for i := range list {
-		n := len(list[i].dev.ID)
-		list[i].id, ids = ids[:n], ids[n:]
-		index[list[i].id] = i
-	}
-	r.devices, r.index, r.healthy, r.census = list, index, healthy, nil
+	r.devices, r.index, r.sorted, r.healthy, r.census = list, index, false, healthy, nil
 	return changed, healthyChanged
 }
 

@@ -50,8 +50,8 @@ func healthIDs(r *resourceState) (healthy, unhealthy sets.Set[string], wrong str
 
 func sortedIDs(r *resourceState) []string {
 	out := []string{}
-	for _, d := range r.devices {
-		out = append(out, d.dev.ID)
+	for _, d := range r.sortedDevices() {
+		out = append(out, d.id)
 	}
 	return out
 }

@@ -63,7 +63,7 @@ func (m *ManagerImpl) Status() []ResourceStatus {
 		if len(r.devices) > 0 {
 			rs.Devices = make([]DeviceStatus, 0, len(r.devices))
 		}
-		for _, dev := range r.devices {
+		for _, dev := range r.sortedDevices() {
 			d, id := dev.dev, dev.id
 			health := d.GetHealth()
 			if health == pluginapi.Healthy && !r.isHealthy(id) {

@@ -14,8 +14,8 @@
 //     O(1) or O(owners) and [Ledger.Allocated] O(allocated devices), never
 //     O(pods x devices).
 //
-// The same ledger always converts to the same checkpoint entries
-// ([Ledger.ToCheckpoint]), merges run options in the same order
+// The same history always converts to the same checkpoint entries, in
+// admission order ([Ledger.ToCheckpoint]), merges run options in the same order
 // ([Ledger.RunOptions]) and renders the same podresources view
 // ([Ledger.DeviceView]). Device IDs are opaque strings, kept byte for byte;
 // the same ID under two resources names two devices.
