@@ -29,8 +29,10 @@ type Data struct {
 	// written before Kubernetes 1.20, so that it re-encodes as it was read.
 	legacy *legacyCheckpointData
 	// encoded holds, by entry, the encoding of each entry of the last
-	// document MarshalCheckpoint wrote (see marshal).
+	// document MarshalCheckpoint wrote (see marshal); docs numbers the
+	// documents.
 	encoded map[entryKey]*encodedEntry
+	docs    uint64
 }
 
 var _ Checkpoint = (*Data)(nil)
@@ -129,12 +131,14 @@ func (d *Data) MarshalCheckpoint() ([]byte, error) {
 type entryKey struct{ pod, container, resource string }
 
 // encodedEntry is an entry with its JSON and, once hashed, the checksum's
-// state before and after the entry's text where it last stood.
+// state before and after the entry's text where it last stood; doc is the
+// last document that held it.
 type encodedEntry struct {
 	entry    PodDevicesEntry
 	json     []byte
 	hashed   bool
 	from, to uint32
+	doc      uint64
 }
 
 // marshal writes the current layout. The document is the JSON of each entry
@@ -147,9 +151,12 @@ type encodedEntry struct {
 // each.
 func (d *Data) marshal() ([]byte, error) {
 	entries := d.data.PodDeviceEntries
-	encoded := make(map[entryKey]*encodedEntry, len(entries))
+	if d.encoded == nil {
+		d.encoded = make(map[entryKey]*encodedEntry, len(entries))
+	}
+	d.docs++
 	list := make([]*encodedEntry, len(entries))
-	size := 0
+	size, held := 0, 0
 	for i := range entries {
 		e := &entries[i]
 		k := entryKey{e.PodUID, e.ContainerName, e.ResourceName}
@@ -160,10 +167,22 @@ func (d *Data) marshal() ([]byte, error) {
 				return nil, err
 			}
 			enc = &encodedEntry{entry: *e, json: js}
+			d.encoded[k] = enc
 		}
-		encoded[k] = enc
+		if enc.doc != d.docs {
+			enc.doc = d.docs
+			held++
+		}
 		list[i] = enc
 		size += len(enc.json) + 1
+	}
+	// Entries of earlier documents that this one does not hold go.
+	if len(d.encoded) > held {
+		for k, enc := range d.encoded {
+			if enc.doc != d.docs {
+				delete(d.encoded, k)
+			}
+		}
 	}
 	registered, err := json.Marshal(d.data.RegisteredDevices)
 	if err != nil {
@@ -178,7 +197,6 @@ func (d *Data) marshal() ([]byte, error) {
 		}
 		return enc.to
 	}, d.data.RegisteredDevices)
-	d.encoded = encoded
 
 	b := make([]byte, 0, size+len(registered)+128)
 	b = append(b, `{"Data":{"PodDeviceEntries":`...)

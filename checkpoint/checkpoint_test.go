@@ -268,6 +268,7 @@ func TestSetDataWritesWhatNewWrites(t *testing.T) {
 			t.Fatalf("step %d:\n got %s\nwant %s", step, got, want)
 		}
 		require.NoError(t, reused.VerifyChecksum())
+		require.LessOrEqual(t, len(reused.encoded), len(entries), "step %d: the cache keeps only the document's entries", step)
 	}
 }
 
