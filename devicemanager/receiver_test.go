@@ -135,14 +135,6 @@ func TestPluginListAndWatchReceiverConcurrentWithStream(t *testing.T) {
 
 func checkpointFile(dir string) string { return filepath.Join(dir, checkpoint.DeviceManagerKey) }
 
-func nodeIDs(d *pluginapi.Device) []int64 {
-	var out []int64
-	for _, n := range d.GetTopology().GetNodes() {
-		out = append(out, n.GetID())
-	}
-	return out
-}
-
 // Stop waits for receiver calls in progress, so the checkpoint is never
 // written after Stop returns; calls after Stop are ignored.
 func TestPluginListAndWatchReceiverNoWriteAfterStop(t *testing.T) {
