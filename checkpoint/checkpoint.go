@@ -161,18 +161,20 @@ func (d *Data) marshal() ([]byte, error) {
 		e := &entries[i]
 		k := entryKey{e.PodUID, e.ContainerName, e.ResourceName}
 		enc := d.encoded[k]
+		if enc == nil || enc.doc != d.docs {
+			held++ // the key's first entry in this document
+		}
 		if enc == nil || !sameContent(&enc.entry, e) {
 			js, err := json.Marshal(e)
 			if err != nil {
 				return nil, err
 			}
-			enc = &encodedEntry{entry: *e, json: js}
+			// A copy: the caller may reuse its maps and slices for
+			// another state.
+			enc = &encodedEntry{entry: cloneEntry(e), json: js}
 			d.encoded[k] = enc
 		}
-		if enc.doc != d.docs {
-			enc.doc = d.docs
-			held++
-		}
+		enc.doc = d.docs
 		list[i] = enc
 		size += len(enc.json) + 1
 	}
@@ -217,6 +219,19 @@ func (d *Data) marshal() ([]byte, error) {
 	b = append(b, `},"Checksum":`...)
 	b = strconv.AppendUint(b, d.checksum, 10)
 	return append(b, '}'), nil
+}
+
+// cloneEntry returns a copy of e that shares no memory with it.
+func cloneEntry(e *PodDevicesEntry) PodDevicesEntry {
+	c := *e
+	c.AllocResp = bytes.Clone(e.AllocResp)
+	if e.DeviceIDs != nil {
+		c.DeviceIDs = make(DevicesPerNUMA, len(e.DeviceIDs))
+		for node, ids := range e.DeviceIDs {
+			c.DeviceIDs[node] = slices.Clone(ids)
+		}
+	}
+	return c
 }
 
 // sameContent reports whether entries a and b of the same key hold the same

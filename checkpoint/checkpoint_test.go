@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 
@@ -229,8 +230,9 @@ func TestMarshalIsEncodingJSON(t *testing.T) {
 }
 
 // A Data given one state after another with SetData writes, for each, the
-// very bytes a new Data writes: entries added, removed, replaced, moved and
-// repeated, with the registered devices changing too.
+// very bytes a new Data writes: entries added, removed, replaced, moved,
+// repeated and changed in place by the caller, with the registered devices
+// changing too.
 func TestSetDataWritesWhatNewWrites(t *testing.T) {
 	g := newGen(5, 6)
 	reused := New(nil, nil)
@@ -257,6 +259,10 @@ func TestSetDataWritesWhatNewWrites(t *testing.T) {
 		}
 		if g.r.IntN(10) == 0 {
 			entries = nil
+		}
+		if step%7 == 0 && len(entries) > 0 && entries[0].DeviceIDs != nil {
+			// The caller changes an entry it gave before, in place.
+			entries[0].DeviceIDs[12345] = []string{fmt.Sprint("changed-", step)}
 		}
 		registered := g.registered()
 		reused.SetData(entries, registered)
