@@ -74,7 +74,7 @@ func (m *ManagerImpl) GetAllocatableDevices() ResourceDeviceInstances {
 		}
 		devs := make(DeviceInstances, r.healthyLen())
 		for _, d := range r.devices {
-			if d.healthy && !r.down {
+			if r.isHealthy(d.id) {
 				devs[d.id] = d.dev
 			}
 		}

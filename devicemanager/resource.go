@@ -40,24 +40,21 @@ type resourceState struct {
 	index   map[string]int
 	sorted  bool
 	healthy int
-	// lists numbers the lists applied, to tell repeated IDs in a list apart.
-	lists uint64
 	// census counts the devices per NUMA node set for topology hints; nil
 	// when the devices or their health changed since it was built.
 	census *topology.Census
 }
 
 // device is one device of a resource's list, with what a new report of it
-// is compared with, held here rather than read through the stored device:
-// a plugin resends its whole list, tens of thousands of devices, on every
-// change, and reading each stored device again is most of the cost.
+// is compared with held here rather than read through the stored device: a
+// plugin resends its whole list, tens of thousands of devices, on every
+// change, and following each stored device's pointers again would cost more
+// than the comparison itself.
 type device struct {
-	id      string // dev.ID, in the resource's string of all IDs
+	id      string // dev.ID
 	dev     *pluginapi.Device
 	healthy bool     // dev.Health == "Healthy"
 	nodes   nodeList // dev.Topology
-	// list is the number of the last list that named the device.
-	list uint64
 }
 
 // instance is one connected plugin instance; seq orders registrations.
@@ -116,8 +113,8 @@ func (r *resourceState) byID(yield func(string, *pluginapi.Device) bool) {
 }
 
 // sortedDevices returns the devices in ID order; the slice is the
-// resource's. A new list is sorted here, when first needed, rather than when
-// it arrives: its counts are visible without waiting for the sort.
+// resource's. A list with new IDs is sorted here, on first use (usually the
+// next checkpoint write), rather than as it is applied.
 func (r *resourceState) sortedDevices() []device {
 	if !r.sorted {
 		slices.SortFunc(r.devices, func(a, b device) int { return strings.Compare(a.id, b.id) })
@@ -177,17 +174,17 @@ func (r *resourceState) known(devs []*pluginapi.Device) []int {
 	if !r.listed || len(devs) != len(r.devices) || len(devs) == 0 {
 		return nil
 	}
-	r.lists++
 	out := make([]int, len(devs))
+	seen := make([]bool, len(r.devices))
 	for i, d := range devs {
 		if d == nil {
 			return nil
 		}
 		k, ok := r.index[d.ID]
-		if !ok || r.devices[k].list == r.lists {
+		if !ok || seen[k] {
 			return nil
 		}
-		r.devices[k].list = r.lists
+		seen[k] = true
 		out[i] = k
 	}
 	return out
@@ -229,37 +226,18 @@ func (r *resourceState) updateInPlace(devs []*pluginapi.Device, known []int) (ch
 // replace makes devs the device list, each ID once (the last device listed
 // under it), nil devices dropped.
 func (r *resourceState) replace(devs []*pluginapi.Device) (changed []string, healthyChanged bool) {
-	// The IDs are copied into one string: every checkpoint write reads each
-	// healthy ID, and IDs scattered over the plugin's messages would cost a
-	// cache miss each.
-	size := 0
-	for _, d := range devs {
-		if d != nil {
-			size += len(d.ID)
-		}
-	}
-	var all strings.Builder
-	all.Grow(size)
-	for _, d := range devs {
-		if d != nil {
-			all.WriteString(d.ID)
-		}
-	}
-	ids := all.String()
 	index := make(map[string]int, len(devs))
 	list := make([]device, 0, len(devs))
 	for _, d := range devs {
 		if d == nil {
 			continue
 		}
-		var id string
-		id, ids = ids[:len(d.ID)], ids[len(d.ID):]
-		stored := device{id: id, dev: d, healthy: d.Health == pluginapi.Healthy, nodes: nodeListOf(d.Topology)}
-		if i, ok := index[id]; ok {
+		stored := device{id: d.ID, dev: d, healthy: d.Health == pluginapi.Healthy, nodes: nodeListOf(d.Topology)}
+		if i, ok := index[d.ID]; ok {
 			list[i] = stored
 			continue
 		}
-		index[id] = len(list)
+		index[d.ID] = len(list)
 		list = append(list, stored)
 	}
 	if len(r.devices) == 0 {
