@@ -224,6 +224,7 @@ func (m *ManagerImpl) collectPodsLocked(active []*v1.Pod, seen uint64) {
 	if len(gone) == 0 {
 		return
 	}
+	slices.Sort(gone)
 	m.ledger.DeletePods(gone...)
 	for _, uid := range gone {
 		delete(m.reuse, uid)

@@ -15,7 +15,7 @@ func TestCollectedResourceReportedOnce(t *testing.T) {
 	p2 := h.registered(res2, devices("b", 1))
 	p1.CloseStreams()
 	require.Equal(t, []string{res1}, h.stepUntilRemoved(res1))
-	p2.CloseStreams() // GetCapacity now takes the lock
+	p2.CloseStreams()
 	h.waitCapacity(res2, 1, 0)
 	_, _, removed := h.m.GetCapacity()
 	assert.Empty(t, removed)

@@ -159,7 +159,7 @@ func (m *ManagerImpl) checkpointPath() string {
 }
 
 // Group commit. An admission is on disk before Allocate returns, and each
-// durable write costs about a millisecond, so admissions running side by
+// durable write waits for the disk (two fsyncs), so admissions running side by
 // side would queue behind each other's writes. Before writing, a writer
 // waits a little for admissions whose plugin call is in flight: when they
 // commit in time, one write covers them all, and their own persist finds its

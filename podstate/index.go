@@ -110,20 +110,11 @@ func (l *Ledger) AllocatedResources() []string {
 // returned here, so a health change reaches every pod sharing the device.
 // O(owners of the device).
 func (l *Ledger) Owners(resource, id string) []ContainerRef {
-	return l.AppendOwners(nil, resource, id)
-}
-
-// AppendOwners is Owners appending to dst, for a caller that gathers the
-// owners of many devices into one slice.
-func (l *Ledger) AppendOwners(dst []ContainerRef, resource, id string) []ContainerRef {
 	h := l.entry(resource, id, false)
 	if h == nil || len(h.owners) == 0 {
-		return dst
+		return nil
 	}
-	n := len(dst)
-	dst = append(dst, h.owners...)
-	if len(dst)-n > 1 {
-		slices.SortFunc(dst[n:], compareRefs)
-	}
-	return dst
+	out := slices.Clone(h.owners)
+	slices.SortFunc(out, compareRefs)
+	return out
 }

@@ -153,13 +153,15 @@ func (l *Ledger) DeleteContainerResources(podUID, containerName string, resource
 		return
 	}
 	ref := ContainerRef{PodUID: podUID, ContainerName: containerName}
+	gone := make(map[*record]bool, len(resources))
 	for _, res := range resources {
 		if rec := recs[res]; rec != nil {
 			l.release(res, rec.ids, ref)
-			l.order = slices.DeleteFunc(l.order, func(r *record) bool { return r == rec })
+			gone[rec] = true
 			delete(recs, res)
 		}
 	}
+	l.order = slices.DeleteFunc(l.order, func(r *record) bool { return gone[r] })
 	if len(recs) == 0 {
 		delete(ctrs, containerName)
 	}

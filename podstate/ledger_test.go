@@ -172,14 +172,6 @@ func TestOwners(t *testing.T) {
 			assert.Equal(t, tc.want, l.Owners(tc.res, tc.id))
 		})
 	}
-	// AppendOwners appends the same, sorted among themselves, after what
-	// dst holds, which it leaves alone.
-	dst := []ContainerRef{{"zz", "last"}}
-	for _, tc := range cases {
-		dst = l.AppendOwners(dst, tc.res, tc.id)
-	}
-	assert.Equal(t, []ContainerRef{{"zz", "last"}, {"pod1", "con1"}, {"pod2", "con1"}, {"pod3", "init"}, {"pod3", "main"}}, dst)
-
 	// a checkpoint may give one device to two pods; every owner is reported
 	l.Insert("pod0", "x", res2, checkpoint.DevicesPerNUMA{0: {"dev1"}}, newResp())
 	assert.Equal(t, []ContainerRef{{"pod0", "x"}, {"pod2", "con1"}}, l.Owners(res2, "dev1"))

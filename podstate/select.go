@@ -30,9 +30,9 @@ type SelectInput struct {
 	// (sort it for determinism). Its devices are taken first, unchecked.
 	Reusable []string
 	// Available: healthy devices that no record or reservation holds. The
-	// selection asks it Len, and Has for the devices of the tiers it walks;
-	// a caller with tens of thousands of devices can answer from counts it
-	// keeps instead of building the set for each admission. The plugin's
+	// selection asks it Len, and Has for the devices of the tiers it walks,
+	// so a caller with tens of thousands of devices need not build the set
+	// for each admission. The plugin's
 	// query lists every available device: from the set itself when it is a
 	// sets.Set, else from the tiers, which must then cover it.
 	Available DeviceSet

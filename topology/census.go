@@ -2,7 +2,6 @@ package topology
 
 import (
 	"iter"
-	"maps"
 
 	"k8s.io/apimachinery/pkg/util/sets"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -16,8 +15,8 @@ import (
 // those of ResourceHints over the same devices, with the healthy devices not
 // allocated as the available ones.
 //
-// A Census is a value owned by its caller and is not safe for concurrent
-// use. It keeps what it needs of the devices, not the devices.
+// A Census does not change once built; it keeps what it needs of the
+// devices, not the devices.
 type Census struct {
 	t     tally // all counts, and healthy counts in avail; never reusable
 	aware bool
@@ -33,13 +32,9 @@ type censusDevice struct {
 	topology bool // the device has a topology, possibly of no node
 }
 
-// NewCensus counts devices; healthy tells which are healthy.
-func NewCensus(devices map[string]*pluginapi.Device, healthy func(id string) bool) *Census {
-	return CountDevices(maps.All(devices), len(devices), healthy)
-}
-
-// CountDevices is NewCensus for devices given as pairs of an ID and its
-// device, each ID once; n is about how many (room is made for that many).
+// CountDevices counts devices, given as pairs of an ID and its device, each
+// ID once; n is about how many (room is made for that many), and healthy
+// tells which are healthy.
 func CountDevices(devices iter.Seq2[string, *pluginapi.Device], n int, healthy func(id string) bool) *Census {
 	c := &Census{devs: make(map[string]censusDevice, n)}
 	for id, d := range devices {

@@ -28,7 +28,7 @@ func TestCensusMatchesResourceHints(t *testing.T) {
 				healthy.Insert(id)
 			}
 		}
-		c := NewCensus(r.Devices, healthy.Has)
+		c := CountDevices(maps.All(r.Devices), len(r.Devices), healthy.Has)
 		for step := range 4 {
 			// Some devices are allocated: healthy ones, unhealthy ones and
 			// IDs the census does not know.
@@ -64,7 +64,7 @@ func BenchmarkCensusHints(b *testing.B) {
 		devices[id] = numaDev(id, int64(i%2))
 	}
 	available := sets.KeySet(devices)
-	c := NewCensus(devices, available.Has)
+	c := CountDevices(maps.All(devices), len(devices), available.Has)
 	b.ReportAllocs()
 	for b.Loop() {
 		c.Hints([]int{0, 1}, nil, nil, nil, 4)
@@ -156,7 +156,7 @@ func TestTiersMatchTheirDefinition(t *testing.T) {
 		a := affinity()
 		require.Equal(t, tiersByDefinition(a, r.Devices, r.Available), FilterByAffinity(a, r.Devices, r.Available), "seed %d", seed)
 
-		c := NewCensus(r.Devices, func(string) bool { return true })
+		c := CountDevices(maps.All(r.Devices), len(r.Devices), func(string) bool { return true })
 		ids := sets.List(sets.KeySet(r.Devices))
 		if Aware(r.Devices) {
 			aware++

@@ -23,9 +23,10 @@
 //     masks for c such nodes), so a device-less node costs nothing; a plugin
 //     spreading devices over all of a 34-node machine would still need 2^34
 //     masks, as in the kubelet.
-//   - Census keeps those per-signature counts for one resource between
-//     calls: marking a device available or not costs O(1), and its Hints
-//     answer as ResourceHints would, without a pass over every device.
+//   - Census keeps those per-signature counts for one resource, counted once
+//     per change of its devices or their health; its Hints answer as
+//     ResourceHints would, with a step per allocated, reusable and held
+//     device instead of a pass over every device.
 //   - FilterByAffinity splits available devices into aligned, unaligned and
 //     no-topology tiers, in a deterministic order.
 //   - PodRequests aggregates container limits with the sidecar formula.
@@ -52,8 +53,7 @@
 // arguments and never modify or retain them (returned hints point into
 // memory of their own). Callers that share device maps or sets with writers
 // must hold their own lock across a call. BitMask and Hint are values, safe
-// to share read-only. A Census is owned by its caller and is not safe for
-// concurrent use.
+// to share read-only. A Census does not change once built.
 //
 // # Lifecycle
 //
