@@ -52,12 +52,16 @@ import (
 //     stays in the file until an admission started after its release is
 //     written, and is gone from it from then on.
 //
-// One more write can carry a garbage collection: a device update writes the
-// ledger as it is. Here the plugin sends one device list, when it registers
-// after the child starts, and that write may be taken after the first
-// admission's garbage collection and before its record: the file then holds
-// the acknowledged pods without the released ones, and not the pod in
-// flight. This state is allowed during the first admission of a run only.
+// Two more writes can carry a garbage collection: a device update writes the
+// ledger as it is. The child's Start releases the pods released before it
+// began (it starts with the others active), and the plugin sends one device
+// list, when it registers after the child starts. That write may land before
+// the first acknowledged admission of the run: the file then holds the
+// acknowledged pods without those released before the child began. It may
+// also land after the first admission's garbage collection and before its
+// record: the file then holds the acknowledged pods without any released
+// one, and not the pod in flight. Both states are allowed until the first
+// acknowledged admission of a run.
 //
 // Nothing else: an acknowledged pod missing or with other devices is lost; a
 // device in two pods is doubled.
@@ -159,6 +163,7 @@ type crashStats struct {
 	acked, released                      int
 	inflightKept, inflightGone           int
 	gcByDeviceUpdate                     int // the first admission's garbage collection written by a device update
+	startGCByDeviceUpdate                int // Start's garbage collection written by a device update
 	releasedInFile, restarts             int
 	lost, doubled, unexpected, undecoded int
 	otherState                           int // checkpoints in neither allowed state
@@ -212,6 +217,7 @@ func TestCrashConsistency(t *testing.T) {
 			"kills with an admission in flight, in the file":                             st.inflightKept,
 			"kills with an admission in flight, not in the file":                         st.inflightGone,
 			"kills after a device update wrote the first admission's garbage collection": st.gcByDeviceUpdate,
+			"kills after a device update wrote Start's garbage collection":               st.startGCByDeviceUpdate,
 			"released pods still in the file at a kill":                                  st.releasedInFile,
 			"restarted managers that restored the file":                                  st.restarts,
 			"unexpected pods in the file":                                                st.unexpected,
@@ -393,6 +399,11 @@ type crashModel struct {
 	// released are the pods of held the child dropped from its active pods
 	// since its last acknowledged admission.
 	released sets.Set[string]
+	// startGC is what a write holds that comes after the child's Start
+	// garbage-collected the pods released before it began, and before its
+	// first acknowledged admission (a device update writes the ledger as it
+	// is); nil once the child acknowledged an admission.
+	startGC map[string][]string
 }
 
 // inflight is an admission begun and not acknowledged when its child died.
@@ -436,6 +447,9 @@ func (m *crashModel) replay(t *testing.T, k int, lines []string, st *crashStats)
 	t.Helper()
 	var fl *inflight
 	acked := false
+	// The child started with the pods held and not released: its Start
+	// released the others.
+	m.startGC = m.afterWrite()
 	for _, line := range lines {
 		f := strings.Fields(line)
 		switch {
@@ -459,6 +473,7 @@ func (m *crashModel) replay(t *testing.T, k int, lines []string, st *crashStats)
 			}
 			m.held = fl.next
 			m.released = sets.New[string]()
+			m.startGC = nil
 			if d := doubledDevices(m.held, f[1], devs); d > 0 {
 				t.Errorf("kill %d: the manager gave %s devices %v, %d of them held by another pod", k, f[1], devs, d)
 				st.doubled += d
@@ -510,6 +525,14 @@ func (m *crashModel) verify(t *testing.T, k int, dir string, fl *inflight, st *c
 		m.held = file
 		m.released = sets.New[string]()
 		return file
+	case m.startGC != nil && equalAllocations(file, m.startGC):
+		if fl != nil {
+			st.inflightGone++
+		}
+		st.startGCByDeviceUpdate++
+		m.held = file
+		m.released = releasedIn(m.released, file)
+		return file
 	}
 	// Neither state: say what differs, count it, and go on from the file.
 	t.Errorf("kill %d: the checkpoint holds %v; acknowledged: %v (released since: %v), in flight: %+v",
@@ -529,14 +552,19 @@ func (m *crashModel) verify(t *testing.T, k int, dir string, fl *inflight, st *c
 		}
 	}
 	m.held = file
-	released := sets.New[string]()
-	for uid := range m.released {
+	m.released = releasedIn(m.released, file)
+	return file
+}
+
+// releasedIn returns the released pods that file still holds.
+func releasedIn(released sets.Set[string], file map[string][]string) sets.Set[string] {
+	out := sets.New[string]()
+	for uid := range released {
 		if _, ok := file[uid]; ok {
-			released.Insert(uid)
+			out.Insert(uid)
 		}
 	}
-	m.released = released
-	return file
+	return out
 }
 
 // inflightLanded reports whether file is the state the in-flight admission

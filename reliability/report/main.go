@@ -181,13 +181,14 @@ the next admission's write, which garbage-collects first. So after a kill the fi
 hold pods released since the last acknowledged admission: exactly those, with their devices,
 or, if the admission in flight was written, none of them. The test models this: a release is
 acknowledged by the next acknowledged admission, and a released pod that is still in the file
-is neither lost nor unexpected. One other write can carry a garbage collection: a device update
-writes the ledger as it is. In this test the plugin sends one device list, when it registers
-after the child starts, and that write may land between the first admission's garbage
-collection and its record. The file then holds the acknowledged pods without the released
-ones, and not the pod in flight. The test allows this state during the first admission of a
-run only. A node that restarts keeps such a pod's devices until its first admission (or
-GetTopologyHints) garbage-collects, against the active pods it is given.
+is neither lost nor unexpected. Two other writes can carry a garbage collection, because a
+device update writes the ledger as it is. A child starts with the pods that are acknowledged
+and not released, and its Start releases the others before it returns; the plugin then sends
+one device list, whose write may land before the first acknowledged admission of the run: the
+file then holds the acknowledged pods without those released before the child began. That
+write may also land between the first admission's garbage collection and its record: the file
+then holds the acknowledged pods without any released one, and not the pod in flight. The test
+allows these states until the first acknowledged admission of a run.
 
 **What SIGKILL does not test.** It ends the process, not the machine: the page cache survives.
 The test shows that the checkpoint is replaced atomically (temporary file, rename) and is on
