@@ -913,6 +913,16 @@ func (c *pluginChild) kill() {
 	_ = c.cmd.Wait()
 }
 
+// killedBy reports whether the child ended by signal sig, as its process
+// state says. Call it after kill or stop returned, from the same goroutine.
+func (c *pluginChild) killedBy(sig syscall.Signal) bool {
+	if c.cmd.ProcessState == nil {
+		return false
+	}
+	ws, ok := c.cmd.ProcessState.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == sig
+}
+
 // stop closes the child's stdin, so that it stops its plugin and exits, and
 // reaps it; the exit must be clean.
 func (c *pluginChild) stop() {

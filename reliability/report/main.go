@@ -10,8 +10,10 @@
 // below. The file names the commit the suite ran at (git's short hash of
 // HEAD, marked when the work tree has uncommitted changes), so a reader can
 // tell which code the figures describe. A record's details may carry "case" (the row's name) and "about"
-// (a sentence on what the case does); the categories of crash consistency,
-// checkpoint damage and permissions have their description here.
+// (a sentence on what the case does); its checks say what the test asserted
+// of a detail, shown next to it, and its params, the settings of the run,
+// are listed apart from the results. Most categories have their
+// description here.
 package main
 
 import (
@@ -21,6 +23,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -33,15 +36,17 @@ import (
 
 // figures is one JSON line of the suite (reliability.Figures).
 type figures struct {
-	Category string         `json:"category"`
-	Cases    int            `json:"cases"`
-	Faults   int            `json:"faults"`
-	Kills    int            `json:"kills"`
-	Lost     int            `json:"lost"`
-	Doubled  int            `json:"doubled"`
-	Raw      map[string]any `json:"details"`
-	Elapsed  string         `json:"elapsed"`
-	When     time.Time      `json:"when"`
+	Category string            `json:"category"`
+	Cases    int               `json:"cases"`
+	Faults   int               `json:"faults"`
+	Kills    int               `json:"kills"`
+	Lost     int               `json:"lost"`
+	Doubled  int               `json:"doubled"`
+	Raw      map[string]any    `json:"details"`
+	Checks   map[string]string `json:"checks"`
+	Params   map[string]any    `json:"params"`
+	Elapsed  string            `json:"elapsed"`
+	When     time.Time         `json:"when"`
 }
 
 func main() {
@@ -161,6 +166,13 @@ func commitOf(out string) string {
 // about describes the categories whose tests this generator's authors wrote;
 // other categories are described by their records' "about" detail.
 var about = map[string]string{
+	"churn": `-cycles times, a plugin process (the test binary, re-executed) starts,
+registers, serves an admission, registers again, and is killed with SIGKILL; the manager runs
+throughout. A kill is counted when the process's exit status says SIGKILL and the manager has
+seen the plugin go (its devices no longer allocatable); every cycle must end so. Every pod
+still active keeps its devices. Goroutines and file descriptors are counted against a baseline
+taken after one warm-up cycle: while a plugin serves they must be above it (so the counts see
+what a plugin holds), and after the cycles none may be left beyond it.`,
 	"crash consistency": `A child process (the test binary, re-executed) runs a ManagerImpl and a
 plugintest plugin serving 16 devices in a directory that outlives it. It admits pods of one or
 two devices, releases some (drops them from its active pods), and prints each admission once
@@ -245,8 +257,12 @@ func render(records []figures, info runInfo) []byte {
 	p("devmgr's reliability suite (package `reliability`, build tag `reliability`) kills, starves and\n")
 	p("damages a running device manager and counts what it loses. Every category asserts that no\n")
 	p("allocation is lost and that no device is given to two containers. Lost and doubled must be 0.\n")
-	p("This file holds the figures of the last run. CI runs the suite with the default counts; the\n")
-	p("flags raise them.\n\n")
+	p("Every figure is asserted by the test that produces it; where the test records its check, the\n")
+	p("check follows the figure, as in \"(asserted = 52)\". Faults and kills are counted as the test saw\n")
+	p("them happen (a process's exit by signal, an error returned, a file moved aside), not from the\n")
+	p("cases it defines. Parameters are settings of the run, not results, and the Time column is how\n")
+	p("long a test ran, for context. This file holds the figures of the last run. CI runs the suite\n")
+	p("with the default counts; the flags raise them.\n\n")
 
 	p("## Last run\n\n")
 	p("| | |\n|---|---|\n")
@@ -303,7 +319,7 @@ func render(records []figures, info runInfo) []byte {
 		p("\n")
 		for i, r := range rs {
 			keys := detailKeys(r)
-			if len(keys) == 0 && r.Raw["about"] == nil {
+			if len(keys) == 0 && len(r.Params) == 0 && r.Raw["about"] == nil {
 				continue
 			}
 			p("**%s**", caseName(r, i, len(rs)))
@@ -312,9 +328,22 @@ func render(records []figures, info runInfo) []byte {
 			}
 			p("\n\n")
 			for _, k := range keys {
-				p("- %s: %s\n", k, value(r.Raw[k]))
+				p("- %s: %s", k, value(r.Raw[k]))
+				if c, ok := r.Checks[k]; ok {
+					p(" (asserted %s)", c)
+				}
+				p("\n")
 			}
-			p("\n")
+			if len(keys) > 0 {
+				p("\n")
+			}
+			if len(r.Params) > 0 {
+				p("Parameters:\n\n")
+				for _, k := range slices.Sorted(maps.Keys(r.Params)) {
+					p("- %s: %s\n", k, value(r.Params[k]))
+				}
+				p("\n")
+			}
 		}
 	}
 
