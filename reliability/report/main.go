@@ -166,6 +166,16 @@ func commitOf(out string) string {
 // about describes the categories whose tests this generator's authors wrote;
 // other categories are described by their records' "about" detail.
 var about = map[string]string{
+	"bad registrations": `Every malformed RegisterRequest (a version other than v1beta1, an
+invalid resource name, an endpoint that is not a bare file name or names no device plugin)
+must be refused with the error the test expects, before the manager dials anything back for a
+bad string; between two of them a good plugin registers again and a pod is admitted. A refusal
+is counted when the client got that error. Then one plugin registers the same resource 1,000
+times, paced at 1,000 per second, while a good plugin admits pods: every request must be
+answered (accepted, replacing the previous connection, or refused with an error naming the
+socket), and the good plugin must be served meanwhile. Faults are the refusals and answers the
+client saw. The rate the loop achieves depends on the machine and its load: it is in the
+test's log, not here.`,
 	"churn": `-cycles times, a plugin process (the test binary, re-executed) starts,
 registers, serves an admission, registers again, and is killed with SIGKILL; the manager runs
 throughout. A kill is counted when the process's exit status says SIGKILL and the manager has
