@@ -229,7 +229,10 @@ failed write must fail the admission that needed it (Allocate returns the error,
 cause), leave the previous file byte for byte and the ledger without that admission, and leave
 no temporary file. A restart while writes fail must restore the file, and admissions must work
 again once writes do. A corrupt checkpoint in a read-only directory cannot be moved aside: Start
-must still succeed, with no allocations.`,
+must still succeed, with no allocations. A fault is counted when its outcome is seen: the
+damaged file moved aside byte for byte, or decoded and held exactly; a failed write when the
+admission's error carries its cause (errno); a corrupt file in a read-only directory when Start
+succeeded without it and left it as it was.`,
 	"permissions": `Start creates the socket directory, the checkpoint directory and their
 missing parents with mode 0750. The checkpoint is written with mode 0600. kubelet.sock must
 not be world-writable: whoever can connect to it can register a device plugin, and so put
