@@ -183,6 +183,15 @@ seen the plugin go (its devices no longer allocatable); every cycle must end so.
 still active keeps its devices. Goroutines and file descriptors are counted against a baseline
 taken after one warm-up cycle: while a plugin serves they must be above it (so the counts see
 what a plugin holds), and after the cycles none may be left beyond it.`,
+	"plugin faults": `Each case injects one fault (one case two) into a plugin registered
+beside a well-behaved one: the plugin process killed in the middle of each RPC, a hang in each
+RPC, or a malformed answer. A fault is counted where the test sees it: a death by the plugin
+process's exit by SIGKILL (its process state); a hang by the call's DeadlineExceeded or
+Canceled (the error returned, or the manager's rpc error metric), or a call still in flight
+while the manager serves the rest; a malformed answer by the manager's refusal (the error
+returned, logged, or counted in the metric) or by the documented reading the case asserts.
+Each case must see exactly the faults it injects. The well-behaved plugin must keep being
+served, and no goroutine or file descriptor may outlive a case.`,
 	"crash consistency": `A child process (the test binary, re-executed) runs a ManagerImpl and a
 plugintest plugin serving 16 devices in a directory that outlives it. It admits pods of one or
 two devices, releases some (drops them from its active pods), and prints each admission once
