@@ -192,6 +192,13 @@ while the manager serves the rest; a malformed answer by the manager's refusal (
 returned, logged, or counted in the metric) or by the documented reading the case asserts.
 Each case must see exactly the faults it injects. The well-behaved plugin must keep being
 served, and no goroutine or file descriptor may outlive a case.`,
+	"load": `8 goroutines admit and release pods of one or two devices of two resources,
+-admissions in all, while both plugins flip the health of their devices. Each admission must
+end admitted, or refused because the devices are taken or unhealthy. A shared map of claims
+finds a device given to two containers (doubled) and a pod whose devices changed before its
+release (lost); at the end the checkpoint must hold exactly the ledger. Faults are the health
+changes the manager received (ListAndWatch messages, counted by its metric), which must be
+every flip the plugins sent.`,
 	"crash consistency": `A child process (the test binary, re-executed) runs a ManagerImpl and a
 plugintest plugin serving 16 devices in a directory that outlives it. It admits pods of one or
 two devices, releases some (drops them from its active pods), and prints each admission once
