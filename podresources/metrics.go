@@ -31,8 +31,24 @@ type metrics struct {
 	list, allocatable, get method
 }
 
+// counterVecs registers as one collector: a Registry registers all of them
+// or, on a clash, none.
+type counterVecs []*prometheus.CounterVec
+
+func (c counterVecs) Describe(ch chan<- *prometheus.Desc) {
+	for _, v := range c {
+		v.Describe(ch)
+	}
+}
+
+func (c counterVecs) Collect(ch chan<- prometheus.Metric) {
+	for _, v := range c {
+		v.Collect(ch)
+	}
+}
+
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	var vecs []prometheus.Collector
+	var vecs counterVecs
 	counter := func(name, help string) prometheus.Counter {
 		vec := prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: name,
@@ -54,14 +70,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		allocatable: newMethod("GetAllocatableResources", MetricRequestsGetAllocatable, MetricErrorsGetAllocatable),
 		get:         newMethod("Get", MetricRequestsGet, MetricErrorsGet),
 	}
-	if reg == nil {
-		return m, nil
-	}
-	for i, c := range vecs {
-		if err := reg.Register(c); err != nil {
-			for _, done := range vecs[:i] {
-				reg.Unregister(done)
-			}
+	if reg != nil {
+		if err := reg.Register(vecs); err != nil {
 			return nil, err
 		}
 	}

@@ -111,6 +111,6 @@ func TestMetrics(t *testing.T) {
 		require.Error(t, err)
 		n, err := testutil.GatherAndCount(other)
 		require.NoError(t, err)
-		assert.Equal(t, 1, n, "the counters registered before the clash are unregistered")
+		assert.Equal(t, 1, n, "none of the server's counters is registered")
 	})
 }

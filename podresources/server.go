@@ -34,10 +34,11 @@ const (
 	// anyway: devmgr refuses it before sending.
 	DefaultMaxSendMsgSize = 16 << 20
 
-	// DefaultQPS and DefaultBurst are the kubelet's rate limit of the API:
-	// 100 calls per second on average, 10 at once. Options.Limiter takes
-	// them as rate.NewLimiter(DefaultQPS, DefaultBurst).
-	DefaultQPS   = 100
+	// DefaultQPS is the kubelet's rate limit of the API: calls per second,
+	// on average. Options.Limiter takes it, with DefaultBurst, as
+	// rate.NewLimiter(DefaultQPS, DefaultBurst) (golang.org/x/time/rate).
+	DefaultQPS = 100
+	// DefaultBurst is the kubelet's burst: calls at once above DefaultQPS.
 	DefaultBurst = 10
 )
 

@@ -67,12 +67,7 @@ func TestServePodResourcesMetricsRegistry(t *testing.T) {
 	res := ok(t, strings.NewReader(pod), "admit", "--control-socket", s.ctl, "-f", "-", "--json")
 	require.Contains(t, res.stdout, `"uid": "job-1"`)
 
-	conn, err := grpc.NewClient("unix://"+prSock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	defer conn.Close()
-	client := podresourcesv1.NewPodResourcesListerClient(conn)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	client, ctx := podresourcesClient(t, prSock)
 	list, err := client.List(ctx, &podresourcesv1.ListPodResourcesRequest{})
 	require.NoError(t, err)
 	require.Len(t, list.PodResources, 1)
@@ -109,6 +104,18 @@ func TestServePodResourcesMetricsRegistry(t *testing.T) {
 	assert.False(t, exists(prSock), "the podresources socket is removed")
 }
 
+// podresourcesClient dials the podresources socket sock; the connection
+// and the context of its calls end with the test.
+func podresourcesClient(t *testing.T, sock string) (podresourcesv1.PodResourcesListerClient, context.Context) {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return podresourcesv1.NewPodResourcesListerClient(conn), ctx
+}
+
 // scrape returns the text of http://addr/metrics.
 func scrape(t *testing.T, addr string) string {
 	t.Helper()
@@ -141,12 +148,7 @@ func TestServePodResourcesRateLimit(t *testing.T) {
 
 	list := func(t *testing.T, sock string, n int) (refused int) {
 		t.Helper()
-		conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		require.NoError(t, err)
-		defer conn.Close()
-		client := podresourcesv1.NewPodResourcesListerClient(conn)
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
+		client, ctx := podresourcesClient(t, sock)
 		for range n {
 			_, err := client.List(ctx, &podresourcesv1.ListPodResourcesRequest{})
 			switch status.Code(err) {
