@@ -18,6 +18,10 @@ import (
 	"github.com/spf13/cobra"
 )
 
+// envControlSocket names the environment variable that gives the client
+// commands their control socket when --control-socket is absent.
+const envControlSocket = "DEVMGR_CONTROL_SOCKET"
+
 // clientOptions are the flags every client command shares.
 type clientOptions struct {
 	controlSocket string
@@ -27,18 +31,24 @@ type clientOptions struct {
 
 func (o *clientOptions) addFlags(cmd *cobra.Command) {
 	f := cmd.Flags()
-	f.StringVar(&o.controlSocket, "control-socket", "", `the control socket of a running "devmgr serve"`)
+	f.StringVar(&o.controlSocket, "control-socket", "", `the control socket of a running "devmgr serve" (default: $`+envControlSocket+`)`)
 	f.BoolVar(&o.json, "json", false, "print the server's JSON answer as is")
 	f.DurationVar(&o.timeout, "timeout", time.Minute, "give up waiting for the server after this long")
-	if err := cmd.MarkFlagRequired("control-socket"); err != nil {
-		panic(err) // defined above
+	cmd.PreRunE = func(cmd *cobra.Command, _ []string) error {
+		if !cmd.Flags().Changed("control-socket") {
+			o.controlSocket = os.Getenv(envControlSocket)
+		}
+		if o.controlSocket == "" {
+			return &exitError{code: exitUsage, err: errors.New("no control socket: set --control-socket or $" + envControlSocket)}
+		}
+		return nil
 	}
 }
 
 func newStatusCmd() *cobra.Command {
 	o := &clientOptions{}
 	cmd := &cobra.Command{
-		Use:   "status --control-socket PATH",
+		Use:   "status [--control-socket PATH]",
 		Short: `Show the resources, devices and plugins of a running "devmgr serve"`,
 		Long: `status shows every resource a device plugin registered (or the checkpoint
 restored): capacity (all devices), allocatable (healthy devices), allocated
@@ -65,7 +75,7 @@ health and NUMA nodes, then each plugin endpoint with its options.`,
 func newPodsCmd() *cobra.Command {
 	o := &clientOptions{}
 	cmd := &cobra.Command{
-		Use:   "pods --control-socket PATH",
+		Use:   "pods [--control-socket PATH]",
 		Short: `List the pods admitted by a running "devmgr serve" and their devices`,
 		Long: `pods lists the admitted pods, in admission order, with the devices each
 container holds.`,
@@ -91,7 +101,7 @@ func newAdmitCmd() *cobra.Command {
 	o := &clientOptions{}
 	var file string
 	cmd := &cobra.Command{
-		Use:   "admit --control-socket PATH -f FILE",
+		Use:   "admit [--control-socket PATH] -f FILE",
 		Short: `Admit a pod: allocate devices to its containers, as the kubelet does`,
 		Long: `admit sends a Pod (JSON or YAML; "-f -" reads it from standard input) to a
 running "devmgr serve", which allocates devices to every init container, then
@@ -149,7 +159,7 @@ names them.`,
 func newReleaseCmd() *cobra.Command {
 	o := &clientOptions{}
 	cmd := &cobra.Command{
-		Use:   "release --control-socket PATH UID",
+		Use:   "release [--control-socket PATH] UID",
 		Short: "Release a pod: free its devices, as when the kubelet removes it",
 		Long: `release forgets an admitted pod and frees the devices of its containers.
 It exits 4 when no admitted pod has that UID.`,

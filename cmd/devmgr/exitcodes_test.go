@@ -77,7 +77,7 @@ func TestExitCodes(t *testing.T) {
 		{"usage: bad flag value", "", []string{"pods", "--control-socket", h.sock, "--timeout", "soon"}, exitUsage, `invalid argument "soon"`},
 		{"usage: missing argument", "", []string{"release", "--control-socket", h.sock}, exitUsage, "accepts 1 arg(s), received 0"},
 		{"usage: extra argument", "", []string{"checkpoint", "verify", "a", "b"}, exitUsage, "accepts 1 arg(s), received 2"},
-		{"usage: no control socket", "", []string{"status"}, exitUsage, `required flag(s) "control-socket" not set`},
+		{"usage: no control socket", "", []string{"status"}, exitUsage, "no control socket: set --control-socket or $DEVMGR_CONTROL_SOCKET"},
 		{"usage: serve flag check", "", []string{"serve", "--socket-dir", h.dir, "--control-socket", missing, "--log-format", "xml"}, exitUsage,
 			`--log-format must be text or json, not "xml"`},
 	} {
@@ -138,4 +138,33 @@ func TestExitCodes(t *testing.T) {
 		}
 		assert.Contains(t, res.stdout, exitCodesHelp)
 	})
+}
+
+// The client commands take their control socket from $DEVMGR_CONTROL_SOCKET
+// when --control-socket is absent; the flag wins over it.
+func TestControlSocketFromEnvironment(t *testing.T) {
+	h := newControlHarness(t, gpus(2))
+	missing := filepath.Join(h.dir, "missing.sock")
+
+	t.Setenv(envControlSocket, h.sock)
+	res := devmgr(t, gpuPod("env-1", 1), "admit", "-f", "-")
+	require.Equal(t, exitOK, res.code, res.stderr)
+	res = devmgr(t, "", "pods", "--json")
+	require.Equal(t, exitOK, res.code, res.stderr)
+	assert.Contains(t, res.stdout, `"uid": "env-1"`, "served by the harness")
+
+	res = devmgr(t, "", "status", "--control-socket", missing)
+	assert.Equal(t, exitNotFound, res.code)
+	assert.Contains(t, res.stderr, "cannot reach devmgr serve on "+missing, "the flag wins")
+
+	t.Setenv(envControlSocket, missing)
+	res = devmgr(t, "", "release", "--control-socket", h.sock, "env-1")
+	assert.Equal(t, exitOK, res.code, res.stderr)
+	res = devmgr(t, "", "pods")
+	assert.Equal(t, exitNotFound, res.code)
+	assert.Contains(t, res.stderr, "cannot reach devmgr serve on "+missing)
+
+	t.Setenv(envControlSocket, "")
+	res = devmgr(t, "", "pods")
+	assert.Equal(t, exitUsage, res.code)
 }

@@ -72,13 +72,17 @@ func newRootCmd() *cobra.Command {
   devmgr status|pods|admit|release   talk to a running "devmgr serve"
   devmgr checkpoint inspect|verify   read and check a kubelet_internal_checkpoint
 
+The commands that talk to "devmgr serve" find its control socket in
+--control-socket, or else in $` + envControlSocket + `.
+
 ` + exitCodesHelp,
 		Example: `  # See devmgr work: two fake plugins, four pods, a health change, a restart.
   devmgr demo
 
   # A fake kubelet for your device plugin, and a pod admitted through it.
   devmgr serve --socket-dir /tmp/dp --control-socket /tmp/dp-ctl.sock &
-  devmgr admit --control-socket /tmp/dp-ctl.sock -f pod.yaml
+  export ` + envControlSocket + `=/tmp/dp-ctl.sock
+  devmgr admit -f pod.yaml
 
   # Check a node's checkpoint.
   devmgr checkpoint verify /var/lib/kubelet/device-plugins/kubelet_internal_checkpoint`,

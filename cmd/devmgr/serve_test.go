@@ -260,8 +260,8 @@ func TestCommandErrors(t *testing.T) {
 			want []string
 		}{
 			{"serve without flags", []string{"serve"}, exitUsage, []string{`required flag(s) "control-socket", "socket-dir" not set`}},
-			{"status without a socket", []string{"status"}, exitUsage, []string{`required flag(s) "control-socket" not set`}},
-			{"pods without a socket", []string{"pods"}, exitUsage, []string{`required flag(s) "control-socket" not set`}},
+			{"status without a socket", []string{"status"}, exitUsage, []string{"no control socket: set --control-socket or $DEVMGR_CONTROL_SOCKET"}},
+			{"pods without a socket", []string{"pods"}, exitUsage, []string{"no control socket: set --control-socket or $DEVMGR_CONTROL_SOCKET"}},
 			{"admit without a file", []string{"admit", "--control-socket", missing}, exitUsage, []string{`required flag(s) "filename" not set`}},
 			{"release without a UID", []string{"release", "--control-socket", missing}, exitUsage, []string{"accepts 1 arg(s), received 0"}},
 			{"unknown flag", []string{"pods", "--control-sock", missing}, exitUsage, []string{"unknown flag: --control-sock"}},
