@@ -3,10 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"debug/buildinfo"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"testing"
 
@@ -76,7 +78,7 @@ func TestExitCodes(t *testing.T) {
 		{"usage: unknown flag", "", []string{"status", "--control-socket", h.sock, "--verbose"}, exitUsage, "unknown flag: --verbose"},
 		{"usage: bad flag value", "", []string{"pods", "--control-socket", h.sock, "--timeout", "soon"}, exitUsage, `invalid argument "soon"`},
 		{"usage: missing argument", "", []string{"release", "--control-socket", h.sock}, exitUsage, "accepts 1 arg(s), received 0"},
-		{"usage: extra argument", "", []string{"checkpoint", "verify", "a", "b"}, exitUsage, "accepts 1 arg(s), received 2"},
+		{"usage: extra argument", "", []string{"version", "now"}, exitUsage, `unknown command "now" for "devmgr version"`},
 		{"usage: no control socket", "", []string{"status"}, exitUsage, "no control socket: set --control-socket or $DEVMGR_CONTROL_SOCKET"},
 		{"usage: serve flag check", "", []string{"serve", "--socket-dir", h.dir, "--control-socket", missing, "--log-format", "xml"}, exitUsage,
 			`--log-format must be text or json, not "xml"`},
@@ -167,4 +169,56 @@ func TestControlSocketFromEnvironment(t *testing.T) {
 	t.Setenv(envControlSocket, "")
 	res = devmgr(t, "", "pods")
 	assert.Equal(t, exitUsage, res.code)
+}
+
+func TestVersion(t *testing.T) {
+	t.Run("from the build information", func(t *testing.T) {
+		var out bytes.Buffer
+		require.NoError(t, writeVersion(&out, &debug.BuildInfo{
+			GoVersion: "go1.26.0",
+			Main:      debug.Module{Path: "github.com/openkubelet/devmgr", Version: "v1.2.3"},
+			Settings: []debug.BuildSetting{
+				{Key: "vcs", Value: "git"},
+				{Key: "vcs.revision", Value: "0123456789abcdef0123456789abcdef01234567"},
+				{Key: "vcs.time", Value: "2026-11-30T10:00:00Z"},
+				{Key: "vcs.modified", Value: "true"},
+			},
+		}))
+		assert.Equal(t, `module:   github.com/openkubelet/devmgr
+version:  v1.2.3
+revision: 0123456789abcdef0123456789abcdef01234567
+modified: true
+time:     2026-11-30T10:00:00Z
+go:       go1.26.0
+`, out.String())
+	})
+	t.Run("a checkout built without VCS information", func(t *testing.T) {
+		var out bytes.Buffer
+		require.NoError(t, writeVersion(&out, &debug.BuildInfo{
+			GoVersion: "go1.26.0",
+			Main:      debug.Module{Path: "github.com/openkubelet/devmgr", Version: "(devel)"},
+		}))
+		assert.Equal(t, `module:   github.com/openkubelet/devmgr
+version:  (devel)
+revision: unknown
+modified: unknown
+time:     unknown
+go:       go1.26.0
+`, out.String())
+	})
+	t.Run("no build information", func(t *testing.T) {
+		var out bytes.Buffer
+		require.NoError(t, writeVersion(&out, nil))
+		assert.Equal(t, "module:   unknown\nversion:  unknown\nrevision: unknown\nmodified: unknown\ntime:     unknown\ngo:       unknown\n", out.String())
+	})
+	t.Run("the binary reports the build information recorded in it", func(t *testing.T) {
+		res := runDevmgrBinary(t, nil, "version")
+		require.Equal(t, 0, res.exitCode, res.stderr)
+		info, err := buildinfo.ReadFile(binary(t))
+		require.NoError(t, err)
+		var want bytes.Buffer
+		require.NoError(t, writeVersion(&want, info))
+		assert.Equal(t, want.String(), res.stdout)
+		assert.Contains(t, res.stdout, "module:   github.com/openkubelet/devmgr\n")
+	})
 }

@@ -71,6 +71,7 @@ func newRootCmd() *cobra.Command {
   devmgr serve                a standalone device manager / fake kubelet for plugin authors
   devmgr status|pods|admit|release   talk to a running "devmgr serve"
   devmgr checkpoint inspect|verify   read and check a kubelet_internal_checkpoint
+  devmgr version              the version and VCS revision of this binary
 
 The commands that talk to "devmgr serve" find its control socket in
 --control-socket, or else in $` + envControlSocket + `.
@@ -94,6 +95,7 @@ The commands that talk to "devmgr serve" find its control socket in
 		newServeCmd(),
 		newStatusCmd(), newPodsCmd(), newAdmitCmd(), newReleaseCmd(),
 		newCheckpointCmd(),
+		newVersionCmd(),
 	)
 	classifyRunErrors(root)
 	return root
