@@ -147,8 +147,9 @@ func (alwaysReady) AllReady() bool { return true }
 // appears where the kubelet keeps its sockets) or when SocketDir/kubelet.sock
 // accepts connections (a running kubelet, which takes no such lock).
 //
-// Once the directory is its own, Start reads the checkpoint, removes every
-// unix socket in SocketDir (never regular files, directories or links) and
+// Once the directory is its own, Start labels it for SELinux as the kubelet
+// does (when SELinux is enabled), reads the checkpoint, removes every unix
+// socket in SocketDir (never regular files, directories or links) and
 // listens on SocketDir/kubelet.sock, created with mode 0660. A kubelet.sock
 // that refused the connection is stale. Plugin sockets are removed even if
 // their plugin still serves, as the kubelet does: plugins of the previous
@@ -244,6 +245,7 @@ func (m *ManagerImpl) claimSocketDir() (*net.UnixListener, fs.FileInfo, error) {
 	if err := m.checkKubeletSocket(); err != nil {
 		return nil, nil, err
 	}
+	m.labelSocketDir()
 	m.readCheckpoint()
 	m.removeTempFiles()
 	if err := m.removeStaleSockets(); err != nil {

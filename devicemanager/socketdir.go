@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/opencontainers/selinux/go-selinux"
 	"golang.org/x/sys/unix"
 
 	"github.com/openkubelet/devmgr/internal/unixsock"
@@ -21,9 +22,20 @@ const (
 	// connect can register a plugin and so put device nodes and mounts into
 	// pods' containers. Nobody else may.
 	kubeletSocketMode = 0o660
+	// pluginDirLabel is the SELinux label the kubelet gives its device
+	// plugin directory, so that plugins in unprivileged containers can
+	// create and reach sockets there.
+	pluginDirLabel = "system_u:object_r:container_file_t:s0"
 	// probeTimeout bounds the dial that tells a live kubelet.sock from a
 	// stale one.
 	probeTimeout = time.Second
+)
+
+// The SELinux calls Start makes; tests replace them, since SELinux is
+// seldom enabled where tests run.
+var (
+	selinuxEnabled = selinux.GetEnabled
+	setFileLabel   = selinux.SetFileLabel
 )
 
 // lockSocketDir takes an exclusive flock on the directory itself, without
@@ -61,6 +73,19 @@ func (m *ManagerImpl) checkKubeletSocket() error {
 	}
 	return fmt.Errorf("%w: %s accepts connections: a kubelet or another device manager serves it; stop it or choose another socket directory",
 		ErrSocketInUse, m.kubeletSocket)
+}
+
+// labelSocketDir gives SocketDir the kubelet's SELinux label when SELinux is
+// enabled. Failing to is logged, not fatal, as in the kubelet: only plugins
+// in confined containers need the label.
+func (m *ManagerImpl) labelSocketDir() {
+	if !selinuxEnabled() {
+		return
+	}
+	if err := setFileLabel(m.opts.SocketDir, pluginDirLabel); err != nil {
+		m.log.Error(err, "Cannot set the SELinux label of the socket directory; device plugins in unprivileged containers may be unable to register",
+			keyPath, m.opts.SocketDir, "label", pluginDirLabel)
+	}
 }
 
 // removeStaleSockets removes every unix socket in SocketDir. Regular files,
