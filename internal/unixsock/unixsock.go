@@ -23,7 +23,9 @@ import (
 
 // Listen listens on the unix socket path, created with the permission bits
 // mode (and no others). It fails, as net.Listen does, if something exists at
-// path. The umask of the rest of the process is never changed.
+// path, and also where a seccomp filter forbids unshare(2) (for example one
+// that allows it only with CAP_SYS_ADMIN). The umask of the rest of the
+// process is never changed.
 func Listen(path string, mode fs.FileMode) (*net.UnixListener, error) {
 	if mode&^fs.ModePerm != 0 {
 		return nil, fmt.Errorf("listen on %s: mode %v is not a set of permission bits", path, mode)
