@@ -84,7 +84,7 @@ func (m *ManagerImpl) labelSocketDir() {
 	}
 	if err := setFileLabel(m.opts.SocketDir, pluginDirLabel); err != nil {
 		m.log.Error(err, "Cannot set the SELinux label of the socket directory; device plugins in unprivileged containers may be unable to register",
-			keyPath, m.opts.SocketDir, "label", pluginDirLabel)
+			keyPath, m.opts.SocketDir, keyLabel, pluginDirLabel)
 	}
 }
 
