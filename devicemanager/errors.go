@@ -43,6 +43,11 @@ var (
 	// ErrInvalidRequest: the pod or container cannot be admitted as given
 	// (nil, or a UID or name that is not UTF-8).
 	ErrInvalidRequest = errors.New("invalid admission request")
+	// ErrSocketInUse: Start found SocketDir in use, by a running kubelet
+	// (kubelet.sock accepts connections) or another device manager (it holds
+	// the directory's lock); the message names the path. Start touched
+	// nothing there.
+	ErrSocketInUse = errors.New("device plugin socket directory in use")
 )
 
 // admissionError carries the kubelet's message and wraps a sentinel and,

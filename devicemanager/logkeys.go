@@ -17,4 +17,5 @@ const (
 	keyRemoved   = "removed"
 	keyVersion   = "version"
 	keyDuration  = "duration"
+	keyLabel     = "label"
 )

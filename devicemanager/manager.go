@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
@@ -89,6 +90,10 @@ type ManagerImpl struct {
 	connSeq  uint64
 	server   *grpc.Server
 	serveErr error
+	// sock identifies the kubelet.sock file this manager created, and
+	// dirLock holds the flock on SocketDir; both from Start until Stop.
+	sock    fs.FileInfo
+	dirLock *os.File
 	// registry maps each registry socket to the plugin it registered.
 	registry map[string]registryEntry
 }
@@ -135,11 +140,24 @@ type alwaysReady struct{}
 
 func (alwaysReady) AllReady() bool { return true }
 
-// Start creates SocketDir (0750) and CheckpointDir if missing, reads the
-// checkpoint, removes unix sockets left in SocketDir (never regular files or
-// directories) and listens on SocketDir/kubelet.sock. nil activePods,
-// sourcesReady, initialContainers or initialRunning mean: no pods, always
-// ready, none running.
+// Start creates SocketDir (0750) and CheckpointDir if missing and claims
+// SocketDir. It fails with an error wrapping ErrSocketInUse, having touched
+// nothing in the directory, when another manager holds it (an exclusive
+// flock on the directory itself, held until Stop: no file of devmgr's
+// appears where the kubelet keeps its sockets) or when SocketDir/kubelet.sock
+// accepts connections (a running kubelet, which takes no such lock).
+//
+// Once the directory is its own, Start labels it for SELinux as the kubelet
+// does (when SELinux is enabled), reads the checkpoint, removes every unix
+// socket in SocketDir (never regular files, directories or links) and
+// listens on SocketDir/kubelet.sock, created with mode 0660. A kubelet.sock
+// that refused the connection is stale. Plugin sockets are removed even if
+// their plugin still serves, as the kubelet does: plugins of the previous
+// run notice (they watch for kubelet.sock to be created, or for their own
+// socket to go) and register again.
+//
+// nil activePods, sourcesReady, initialContainers or initialRunning mean: no
+// pods, always ready, none running.
 //
 // A checkpoint that cannot be read (corrupt, bad JSON, unreadable) is logged,
 // moved aside as kubelet_internal_checkpoint.bad-<unix time>, and Start goes
@@ -179,24 +197,14 @@ func (m *ManagerImpl) Start(activePods ActivePodsFunc, sourcesReady SourcesReady
 			return fmt.Errorf("create directory: %w", err)
 		}
 	}
-	m.readCheckpoint()
-	if reconcile {
-		m.UpdateAllocatedDevices()
-	}
-	m.removeTempFiles()
-	if err := m.removeStaleSockets(); err != nil {
+	lock, err := lockSocketDir(m.opts.SocketDir)
+	if err != nil {
 		return err
 	}
-	lis, err := net.Listen("unix", m.kubeletSocket)
+	lis, sock, err := m.claimSocketDir(reconcile)
 	if err != nil {
-		return fmt.Errorf("failed to listen to socket while starting device plugin registry: %w", err)
-	}
-	// Whatever the umask: whoever can connect can register a plugin, so the
-	// socket is never world-writable (owner and group only, inside a 0750
-	// directory).
-	if err := os.Chmod(m.kubeletSocket, 0o660); err != nil {
-		_ = lis.Close()
-		return fmt.Errorf("set the mode of %s: %w", m.kubeletSocket, err)
+		_ = lock.Close()
+		return err
 	}
 	// Stop waits for Register handlers too, so none outlives the manager.
 	server := grpc.NewServer(grpc.WaitForHandlers(true))
@@ -205,11 +213,14 @@ func (m *ManagerImpl) Start(activePods ActivePodsFunc, sourcesReady SourcesReady
 	m.mu.Lock()
 	if m.state != created { // Stop ran meanwhile
 		m.mu.Unlock()
+		m.removeKubeletSocket(sock)
 		_ = lis.Close()
+		_ = lock.Close()
 		return ErrStopped
 	}
 	m.state = started
 	m.server = server
+	m.sock, m.dirLock = sock, lock
 	m.wg.Add(2)
 	m.mu.Unlock()
 
@@ -236,39 +247,37 @@ func (m *ManagerImpl) Start(activePods ActivePodsFunc, sourcesReady SourcesReady
 	return nil
 }
 
-// removeStaleSockets removes every unix socket in SocketDir: plugins of a
-// previous run notice their socket is gone and register again. Regular files,
-// directories and symbolic links are left alone.
-func (m *ManagerImpl) removeStaleSockets() error {
-	entries, err := os.ReadDir(m.opts.SocketDir)
-	if err != nil {
-		return fmt.Errorf("list socket directory: %w", err)
+// claimSocketDir checks that nothing serves kubelet.sock and, that passed,
+// prepares the directory, restores the checkpoint (releasing what inactive
+// pods held when reconcile is set) and listens on kubelet.sock. The caller
+// holds the directory's lock.
+func (m *ManagerImpl) claimSocketDir(reconcile bool) (*net.UnixListener, fs.FileInfo, error) {
+	if err := m.checkKubeletSocket(); err != nil {
+		return nil, nil, err
 	}
-	var errs []error
-	for _, e := range entries {
-		if e.Type() != os.ModeSocket {
-			continue
-		}
-		p := filepath.Join(m.opts.SocketDir, e.Name())
-		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, err)
-			continue
-		}
-		m.log.V(2).Info("Removed stale socket", keyPath, p)
+	m.labelSocketDir()
+	m.readCheckpoint()
+	if reconcile {
+		m.UpdateAllocatedDevices()
 	}
-	return errors.Join(errs...)
+	m.removeTempFiles()
+	if err := m.removeStaleSockets(); err != nil {
+		return nil, nil, err
+	}
+	return m.listenKubeletSocket()
 }
 
-// Stop disconnects every plugin, closes and removes kubelet.sock, and returns
-// when every goroutine the manager started has ended. It does not write the
-// checkpoint. Idempotent; safe before Start. After Stop the getters keep
-// answering from the last state, Allocate fails with ErrStopped, and the
-// Updates channel is closed.
+// Stop disconnects every plugin, closes kubelet.sock and removes it if the
+// file is still the one Start created, releases SocketDir for another
+// manager, and returns when every goroutine the manager started has ended.
+// It does not write the checkpoint. Idempotent; safe before Start. After Stop
+// the getters keep answering from the last state, Allocate fails with
+// ErrStopped, and the Updates channel is closed.
 func (m *ManagerImpl) Stop() error {
 	m.stopOnce.Do(func() {
 		m.mu.Lock()
 		m.state = stopped
-		server := m.server
+		server, sock, lock := m.server, m.sock, m.dirLock
 		var eps []*endpoint.Endpoint
 		for _, r := range m.resources {
 			for _, in := range r.instances {
@@ -279,6 +288,9 @@ func (m *ManagerImpl) Stop() error {
 
 		m.cancel()
 		if server != nil {
+			// Removed while the listener still holds the file, so that its
+			// inode cannot have been reused by another's socket.
+			m.removeKubeletSocket(sock)
 			server.Stop()
 		}
 		for _, ep := range eps {
@@ -287,9 +299,7 @@ func (m *ManagerImpl) Stop() error {
 		m.wg.Wait()
 		m.updates.close()
 		if server != nil {
-			if err := os.Remove(m.kubeletSocket); err != nil && !errors.Is(err, os.ErrNotExist) {
-				m.log.Error(err, "Failed to remove registration socket", keyPath, m.kubeletSocket)
-			}
+			_ = lock.Close()
 		}
 		m.log.V(2).Info("Device manager stopped")
 	})

@@ -57,9 +57,10 @@
 //
 // NewServer validates its arguments and touches no files. Start creates the
 // socket's directory if missing, replaces a stale socket (never a file that
-// is not a socket, never a socket in use), listens and serves in a goroutine.
-// Stop closes every connection, waits for calls in progress and the serving
-// goroutine, and removes the socket if it is still the file Start created; it
-// is idempotent and safe before Start. A stopped Server cannot be started
-// again. The Server never stops its sources.
+// is not a socket, never a socket in use), listens on a socket created with
+// mode 0660 and serves in a goroutine. Stop removes the socket if it is still
+// the file Start created, closes every connection and waits for calls in
+// progress and the serving goroutine; it is idempotent and safe before Start.
+// A stopped Server cannot be started again. The Server never stops its
+// sources.
 package podresources

@@ -1,12 +1,15 @@
 package podresources_test
 
 import (
+	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -269,4 +272,24 @@ func TestServerLifecycle(t *testing.T) {
 			}
 		}
 	})
+}
+
+// The socket is created 0660 whatever the umask (no moment at another mode,
+// no chmod afterwards). The umask is the whole process's: no test in this
+// package runs in parallel, and this one restores it.
+func TestSocketModeUnderEveryUmask(t *testing.T) {
+	for _, mask := range []int{0o000, 0o022, 0o077} {
+		t.Run(fmt.Sprintf("umask %04o", mask), func(t *testing.T) {
+			old := syscall.Umask(mask)
+			defer syscall.Umask(old)
+			path := filepath.Join(shortDir(t), "s.sock")
+			srv := newServer(t, fakeDevices{}, podresources.Options{})
+			require.NoError(t, srv.Start(path))
+			fi, err := os.Lstat(path)
+			require.NoError(t, err)
+			assert.Equal(t, fs.ModeSocket, fi.Mode().Type())
+			assert.Equal(t, "0660", fmt.Sprintf("%04o", uint32(fi.Mode().Perm())))
+			assert.Equal(t, mask, syscall.Umask(mask), "Start changed the process's umask")
+		})
+	}
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+
+	"github.com/openkubelet/devmgr/internal/unixsock"
 )
 
 var (
@@ -33,13 +35,19 @@ const (
 	maxSocketPath = 107
 	// probeTimeout bounds the dial that tells a live socket from a stale one.
 	probeTimeout = time.Second
+	// socketMode lets the owner and group connect: the API tells which
+	// devices every pod on the node holds, for node agents (monitoring
+	// exporters, device plugins) that run as root or in the server's group;
+	// nobody else needs it.
+	socketMode = 0o660
 )
 
 // Start serves the API on the unix socket socketPath, in a goroutine, with
 // the message size limits of Options. It creates the socket's directory
 // (0750) if missing and replaces a stale socket left there; a path that is
-// not a socket, or a socket in use, is an error. Start returns once the
-// socket accepts connections.
+// not a socket, or a socket in use, is an error. The socket is created with
+// mode 0660 whatever the umask. Start returns once the socket accepts
+// connections.
 func (s *Server) Start(socketPath string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -73,9 +81,9 @@ func (s *Server) Start(socketPath string) error {
 	return nil
 }
 
-// Stop closes every connection, waits for the calls in progress and the
-// serving goroutine, and removes the socket if the file at its path is still
-// the one Start created (never anything else). It is idempotent and safe
+// Stop removes the socket if the file at its path is still the one Start
+// created (never anything else), closes every connection, and waits for the
+// calls in progress and the serving goroutine. It is idempotent and safe
 // before Start.
 func (s *Server) Stop() error {
 	s.mu.Lock()
@@ -87,10 +95,13 @@ func (s *Server) Stop() error {
 	if !s.started {
 		return nil
 	}
+	// Removed while the listener still holds the file, so that its inode
+	// cannot have been reused by another's socket.
+	rmErr := s.sock.remove()
 	s.grpc.Stop()
 	s.wg.Wait()
-	if err := s.sock.remove(); err != nil {
-		return fmt.Errorf("podresources: remove socket %s: %w", s.sock.path, err)
+	if rmErr != nil {
+		return fmt.Errorf("podresources: remove socket %s: %w", s.sock.path, rmErr)
 	}
 	s.log.V(2).Info("Stopped serving the podresources API", keySocket, s.sock.path)
 	return nil
@@ -128,12 +139,12 @@ func listenOwned(path string) (*ownedSocket, error) {
 	if err := removeStale(path); err != nil {
 		return nil, err
 	}
-	l, err := net.Listen("unix", path)
+	l, err := unixsock.Listen(path, socketMode)
 	if err != nil {
 		return nil, fmt.Errorf("podresources: listen: %w", err)
 	}
 	// remove deletes the file, after checking it is still this one.
-	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.SetUnlinkOnClose(false)
 	fi, err := os.Lstat(path)
 	if err != nil {
 		_ = l.Close()

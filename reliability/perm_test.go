@@ -18,15 +18,18 @@ import (
 
 	"github.com/openkubelet/devmgr/checkpoint"
 	"github.com/openkubelet/devmgr/devicemanager"
+	"github.com/openkubelet/devmgr/podresources"
 )
 
 // Permissions: Start creates the socket directory (and the checkpoint
-// directory, and their missing parents) with mode 0750, the checkpoint is
-// written with mode 0600, and kubelet.sock is not world-writable, whatever
-// the umask of the process that embeds the manager: anyone who can connect
-// to kubelet.sock can register a device plugin and have pods' containers
-// receive its device nodes and mounts. Each umask runs in a child process,
-// since the umask is the whole process's.
+// directory, and their missing parents) with mode 0750 minus the umask, the
+// checkpoint is written with mode 0600, and kubelet.sock and the
+// podresources socket are created with mode 0660 exactly, whatever the umask
+// of the process that embeds them: anyone who can connect to kubelet.sock
+// can register a device plugin and have pods' containers receive its device
+// nodes and mounts, and the podresources socket tells which devices every pod
+// holds. Each umask runs in a child process, since the umask is the whole
+// process's.
 
 func init() {
 	children[rolePermissions] = permissionsChild
@@ -46,6 +49,7 @@ var permPaths = []struct{ name, rel string }{
 	{"checkpoint directory's parent, created too", "lib"},
 	{"kubelet.sock", "run/dp/" + devicemanager.KubeletSocketName},
 	{"checkpoint", "lib/ck/" + checkpoint.DeviceManagerKey},
+	{"podresources socket", "run/pr/" + devicemanager.KubeletSocketName},
 }
 
 // permResult maps each name of permPaths to its mode (fs.FileMode bits).
@@ -85,12 +89,12 @@ func TestPermissions(t *testing.T) {
 			ck := mode("checkpoint")
 			assert.True(t, ck.IsRegular(), "the checkpoint is not a regular file: %v", ck)
 			assert.Equal(t, "0600", fmt.Sprintf("%04o", uint32(ck.Perm())), "mode of the checkpoint")
-			cases++
-			sock := mode("kubelet.sock")
-			assert.Equal(t, os.ModeSocket, sock.Type(), "kubelet.sock is not a socket: %v", sock)
-			assert.Zero(t, sock.Perm()&0o002,
-				"kubelet.sock is world-writable (mode %04o under umask %04o): any local user may register a device plugin",
-				uint32(sock.Perm()), uint32(mask))
+			for _, name := range []string{"kubelet.sock", "podresources socket"} {
+				cases++
+				sock := mode(name)
+				assert.Equal(t, os.ModeSocket, sock.Type(), "the %s is not a socket: %v", name, sock)
+				assert.Equal(t, "0660", fmt.Sprintf("%04o", uint32(sock.Perm())), "mode of the %s under umask %04o", name, uint32(mask))
+			}
 		})
 	}
 	record(t, Figures{
@@ -102,8 +106,9 @@ func TestPermissions(t *testing.T) {
 }
 
 // permissionsChild is the permissions role: under the umask it is given, it
-// starts a manager whose directories do not exist yet, admits a pod so that
-// the checkpoint is written, and reports the modes.
+// starts a manager whose directories do not exist yet and a podresources
+// server on it, admits a pod so that the checkpoint is written, and reports
+// the modes.
 func permissionsChild() int {
 	return runRole(func(t *roleT) any {
 		mask, err := strconv.ParseUint(os.Getenv(envPermUmask), 8, 32)
@@ -117,6 +122,10 @@ func permissionsChild() int {
 		}, newActivePods(), 2)
 		require.NoError(t, err)
 		defer n.stop()
+		pr, err := podresources.NewServer(n.m, podresources.PodsFunc(n.pods.list), podresources.Options{Logger: klog.Background()})
+		require.NoError(t, err)
+		require.NoError(t, pr.Start(filepath.Join(base, permPaths[6].rel)))
+		defer func() { assert.NoError(t, pr.Stop()) }()
 		_, err = n.admit(nodePod("p", 1))
 		require.NoError(t, err)
 		res := permResult{Modes: map[string]uint32{}}

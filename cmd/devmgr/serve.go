@@ -46,9 +46,11 @@ device plugins register on DIR/kubelet.sock, the manager follows their devices,
 and every allocation is kept in DIR/kubelet_internal_checkpoint (a file the
 kubelet itself can read).
 
-At start, unix sockets left in the socket directory are removed, so plugins
-of an earlier run notice and register again; a stale control socket is
-removed too. Allocations survive a restart on the same directories: the
+serve refuses a socket directory in use, touching nothing there: one whose
+kubelet.sock accepts connections (a running kubelet) or that another serve
+holds. Otherwise, at start, unix sockets left in the socket directory are
+removed, so plugins of an earlier run notice and register again; a stale
+control socket is removed too. Allocations survive a restart on the same directories: the
 checkpoint keeps the devices and .devmgr-serve-pods.json, next to it, keeps
 the admitted pods.
 

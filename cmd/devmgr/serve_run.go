@@ -19,6 +19,7 @@ import (
 
 	"github.com/openkubelet/devmgr/devicemanager"
 	"github.com/openkubelet/devmgr/internal/node"
+	"github.com/openkubelet/devmgr/internal/unixsock"
 )
 
 const (
@@ -70,12 +71,9 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 	if err := removeStaleSocket(cfg.controlSocket, logger); err != nil {
 		return nil, err
 	}
-	// The manager's Start removes every socket in the socket directory:
-	// never those of a kubelet, or another serve, at work there.
+	// The manager's Start refuses, touching nothing, a socket directory in
+	// which a kubelet or another manager is at work (ErrSocketInUse).
 	kubeletSocket := filepath.Join(cfg.socketDir, devicemanager.KubeletSocketName)
-	if socketInUse(kubeletSocket) {
-		return nil, fmt.Errorf("%s is in use by a running kubelet or devmgr serve; stop it or choose another --socket-dir", kubeletSocket)
-	}
 
 	nd := node.New(nil)
 	mgr, err := devicemanager.NewManagerImpl(devicemanager.Options{
@@ -175,11 +173,14 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 	return s, nil
 }
 
-// shutdown lets control requests finish (cancelling them if they take too
-// long), stops the watch loop and the manager, and removes the control
-// socket if it is still the one the server created. The manager removes
+// shutdown removes the control socket if it is still the one the server
+// created, lets control requests finish (cancelling them if they take too
+// long), and stops the watch loop and the manager. The manager removes
 // kubelet.sock; plugins' sockets are left alone.
 func (s *server) shutdown() error {
+	// Removed while the listener still holds the file, so that its inode
+	// cannot have been reused by another's socket.
+	rmErr := s.ctl.remove()
 	ctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
 	err := s.http.Shutdown(ctx)
 	cancel()
@@ -197,8 +198,8 @@ func (s *server) shutdown() error {
 	s.wg.Wait()
 	s.extras.stop()
 	s.mgr.Stop()
-	if err := s.ctl.remove(); err != nil {
-		return fmt.Errorf("remove control socket: %w", err)
+	if rmErr != nil {
+		return fmt.Errorf("remove control socket: %w", rmErr)
 	}
 	s.log.Info("Stopped")
 	return nil
@@ -212,22 +213,23 @@ type ownedSocket struct {
 	info fs.FileInfo
 }
 
-// listenOwned listens on the unix socket path, readable and writable by its
-// owner only: whoever reaches the control socket can admit and release pods.
+// controlSocketMode lets only the owner connect to the control socket:
+// whoever reaches it can admit and release pods, and the CLI that does so
+// runs as the user who runs serve (root on a node).
+const controlSocketMode = 0o600
+
+// listenOwned listens on the unix socket path, created with
+// controlSocketMode whatever the umask.
 func listenOwned(path string) (*ownedSocket, error) {
-	l, err := net.Listen("unix", path)
+	l, err := unixsock.Listen(path, controlSocketMode)
 	if err != nil {
 		return nil, fmt.Errorf("listen on control socket: %w", err)
 	}
 	// The file is removed by remove, after checking it is still ours.
-	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.SetUnlinkOnClose(false)
 	fi, err := os.Lstat(path)
-	if err == nil {
-		err = os.Chmod(path, 0o600)
-	}
 	if err != nil {
 		_ = l.Close()
-		_ = os.Remove(path)
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
 	return &ownedSocket{Listener: l, path: path, info: fi}, nil

@@ -358,7 +358,8 @@ func TestCommandErrors(t *testing.T) {
 		fails(t, nil, []string{"serve", "--socket-dir", shortTempDir(t), "--control-socket", ctl},
 			"control socket "+ctl+" is in use: is another devmgr serve running?")
 		fails(t, nil, []string{"serve", "--socket-dir", dir, "--control-socket", filepath.Join(dir, "other.sock")},
-			filepath.Join(dir, "kubelet.sock")+" is in use by a running kubelet or devmgr serve")
+			"start device manager: device plugin socket directory in use: another device manager holds "+dir,
+			"stop it or choose another socket directory")
 		assert.False(t, exists(filepath.Join(dir, "other.sock")))
 	})
 	require.Equal(t, 0, srv.stop(syscall.SIGTERM))

@@ -251,11 +251,14 @@ damaged file moved aside byte for byte, or decoded and held exactly; a failed wr
 admission's error carries its cause (errno); a corrupt file in a read-only directory when Start
 succeeded without it and left it as it was.`,
 	"permissions": `Start creates the socket directory, the checkpoint directory and their
-missing parents with mode 0750. The checkpoint is written with mode 0600. kubelet.sock must
-not be world-writable: whoever can connect to it can register a device plugin, and so put
-device nodes and mounts into pods' containers. Go's listener creates the socket with mode 0777
-minus the umask, so devmgr sets its mode (0660) itself. The test runs a manager under the
-umasks 0022, 0000 and 0077, each in a child process since the umask is the whole process's.
+missing parents with mode 0750 minus the umask. The checkpoint is written with mode 0600.
+kubelet.sock and the podresources socket must have mode 0660 exactly: whoever can connect to
+kubelet.sock can register a device plugin, and so put device nodes and mounts into pods'
+containers, and the podresources socket tells which devices every pod holds. A socket file gets
+mode 0777 minus the umask when it is bound, so devmgr binds on a thread of its own whose umask
+gives exactly 0660: the socket never exists at a wider mode, and no chmod follows. The test runs
+a manager and a podresources server under the umasks 0022, 0000 and 0077, each in a child
+process since the umask is the whole process's, and asserts every mode it reports.
 A socket or checkpoint directory that already exists keeps its mode (Start only creates
 missing ones, as the kubelet does; not tested here).`,
 }
