@@ -187,7 +187,9 @@ func upsertResourceStatus(cs *v1.ContainerStatus, rs v1.ResourceStatus) {
 // UpdateAllocatedDevices garbage-collects: allocations of pods that are no
 // longer active are dropped (pending reservations and pods being admitted
 // are kept). It does nothing until the pod sources are ready, and it does not
-// write the checkpoint.
+// write the checkpoint. An embedder whose pod sources become ready after
+// Start calls it then, so that what the checkpoint holds for pods that are
+// gone is released before anything reads the allocations.
 func (m *ManagerImpl) UpdateAllocatedDevices() {
 	m.mu.Lock()
 	activePods, ready := m.activePods, m.sourcesReady

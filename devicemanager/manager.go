@@ -144,6 +144,14 @@ func (alwaysReady) AllReady() bool { return true }
 // A checkpoint that cannot be read (corrupt, bad JSON, unreadable) is logged,
 // moved aside as kubelet_internal_checkpoint.bad-<unix time>, and Start goes
 // on with no allocations.
+//
+// When activePods is given and sourcesReady is nil or ready, Start releases,
+// before it returns, what the checkpoint holds for pods activePods does not
+// list (an admission a crash cut short, a pod that ended while the manager
+// was down): every getter then agrees with the active pods from the first
+// call on. This does not write the checkpoint. An embedder whose pod list is
+// not complete at Start passes a sourcesReady that reports false until it
+// is, then calls UpdateAllocatedDevices once.
 func (m *ManagerImpl) Start(activePods ActivePodsFunc, sourcesReady SourcesReady,
 	initialContainers podstate.ContainerMap, initialRunning sets.Set[string]) error {
 	m.mu.Lock()
@@ -163,6 +171,7 @@ func (m *ManagerImpl) Start(activePods ActivePodsFunc, sourcesReady SourcesReady
 	}
 	m.containerMap = initialContainers
 	m.running = initialRunning
+	reconcile := activePods != nil
 	m.mu.Unlock()
 
 	for _, dir := range []string{m.opts.SocketDir, m.opts.CheckpointDir} {
@@ -171,6 +180,9 @@ func (m *ManagerImpl) Start(activePods ActivePodsFunc, sourcesReady SourcesReady
 		}
 	}
 	m.readCheckpoint()
+	if reconcile {
+		m.UpdateAllocatedDevices()
+	}
 	m.removeTempFiles()
 	if err := m.removeStaleSockets(); err != nil {
 		return err

@@ -138,3 +138,50 @@ func TestPermissions(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
 }
+
+// What the checkpoint holds for a pod the active pods do not list (an
+// admission a crash cut short) is released before Start returns, when the
+// pod sources are ready; until they are, and when no pod list is given,
+// nothing is released.
+func TestStartReleasesWhatInactivePodsHeld(t *testing.T) {
+	h := newHarness(t).start()
+	h.registered(res1, devices("d", 4))
+	kept := newPod("kept", ctr("c", res1, 1))
+	cut := newPod("cut", ctr("c", res1, 2))
+	h.pods.add(kept, cut)
+	require.NoError(t, h.admit(kept))
+	require.NoError(t, h.admit(cut))
+	h.pods.remove(cut.UID)
+	require.NoError(t, h.m.Stop())
+
+	startWith := func(active ActivePodsFunc, ready SourcesReady) *ManagerImpl {
+		m := h.newManager()
+		require.NoError(t, m.Start(active, ready, nil, nil))
+		require.NoError(t, m.Stop())
+		return m
+	}
+	notReady := &readyFlag{}
+	for name, m := range map[string]*ManagerImpl{
+		"sources not ready": startWith(h.pods.get, notReady),
+		"no pod list":       startWith(nil, nil),
+	} {
+		assert.Len(t, m.GetDevices("cut", "c")[res1], 2, "%s: nothing is released", name)
+		assert.Len(t, m.GetDevices("kept", "c")[res1], 1, name)
+	}
+	for name, m := range map[string]*ManagerImpl{
+		"sources ready":    startWith(h.pods.get, h.ready),
+		"sourcesReady nil": startWith(h.pods.get, nil),
+	} {
+		assert.Empty(t, m.GetDevices("cut", "c"), "%s: the inactive pod's devices are released", name)
+		assert.Len(t, m.GetDevices("kept", "c")[res1], 1, "%s: the active pod keeps its device", name)
+	}
+
+	// A manager whose sources become ready later releases them when asked.
+	m := h.newManager()
+	require.NoError(t, m.Start(h.pods.get, notReady, nil, nil))
+	assert.Len(t, m.GetDevices("cut", "c")[res1], 2)
+	notReady.set(true)
+	m.UpdateAllocatedDevices()
+	assert.Empty(t, m.GetDevices("cut", "c"))
+	assert.Len(t, m.GetDevices("kept", "c")[res1], 1)
+}

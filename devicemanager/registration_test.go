@@ -141,11 +141,12 @@ func TestStartRestoresKubeletCheckpoint(t *testing.T) {
 		t.Run(fixture, func(t *testing.T) {
 			h := newHarness(t)
 			h.installFixture(fixture)
+			pod := newPod("pod-uid-1", ctr("ctr", "example.com/dev", 2))
+			h.pods.add(pod) // the pod runs, or Start would release its devices
 			h.start()
 			view := h.m.GetDevices("pod-uid-1", "ctr")
 			require.Contains(t, view, "example.com/dev")
 			assert.ElementsMatch(t, []string{"dev-0", "dev-1"}, keysOf(view["example.com/dev"]))
-			pod := newPod("pod-uid-1", ctr("ctr", "example.com/dev", 2))
 			opts, err := h.m.GetDeviceRunContainerOptions(context.Background(), pod, &pod.Spec.Containers[0])
 			require.NoError(t, err)
 			require.NotNil(t, opts)

@@ -12,6 +12,7 @@ import (
 	"sync"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
 )
 
 // podsFileName is the file, in the checkpoint directory, that keeps the pods
@@ -69,6 +70,26 @@ func (s *podStore) load() ([]*v1.Pod, error) {
 	return f.Pods, nil
 }
 
+// removeTempFiles removes the temporary files a write cut short (by a kill or
+// a power loss) left in the directory; failures are logged, not fatal.
+func (s *podStore) removeTempFiles(logger klog.Logger) {
+	left, _ := filepath.Glob(filepath.Join(s.dir, tempPattern(s.path)))
+	for _, p := range left {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			logger.Error(err, "Failed to remove a temporary file of the admitted pods", "path", p)
+			continue
+		}
+		logger.Info("Removed a temporary file of the admitted pods", "path", p)
+	}
+}
+
+// tempPattern is the os.CreateTemp pattern of path's temporary files. A
+// leading "." keeps them out of directory listings that skip hidden files,
+// as the checkpoint store's does.
+func tempPattern(path string) string {
+	return "." + strings.TrimPrefix(filepath.Base(path), ".") + ".tmp-*"
+}
+
 // sync writes the pods snapshot returns, taking the snapshot under the
 // store's lock so that concurrent callers cannot write an older one last.
 func (s *podStore) sync(snapshot func() []*v1.Pod) error {
@@ -91,9 +112,7 @@ func (s *podStore) sync(snapshot func() []*v1.Pod) error {
 // writeFileAtomic replaces path, in dir, with blob: a reader sees the old
 // content or the new one, and the new one survives a crash once it returns.
 func writeFileAtomic(dir, path string, blob []byte) (err error) {
-	// A leading "." keeps the temporary file out of directory listings that
-	// skip hidden files, as the checkpoint store's does.
-	tmp, err := os.CreateTemp(dir, "."+strings.TrimPrefix(filepath.Base(path), ".")+".tmp-*")
+	tmp, err := os.CreateTemp(dir, tempPattern(path))
 	if err != nil {
 		return err
 	}

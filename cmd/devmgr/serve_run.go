@@ -66,6 +66,7 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 	if err != nil {
 		return nil, err
 	}
+	store.removeTempFiles(logger)
 	if err := removeStaleSocket(cfg.controlSocket, logger); err != nil {
 		return nil, err
 	}
@@ -117,6 +118,10 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 		logger.Info("Restored admitted pods", "count", len(nd.Pods()), "path", store.path)
 	}
 	restored.Store(true)
+	// What the checkpoint holds for a pod the pod file lacks belongs to an
+	// admission that was never acknowledged (a kill cut it short): release it
+	// now, so that status, pods and podresources agree from the first answer.
+	mgr.UpdateAllocatedDevices()
 
 	ex, err := startExtras(cfg, mgr, nd, logger)
 	if err != nil {

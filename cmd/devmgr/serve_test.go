@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	v1 "k8s.io/api/core/v1"
 
 	"github.com/openkubelet/devmgr/plugintest"
 )
@@ -351,4 +352,41 @@ func TestCommandErrors(t *testing.T) {
 		assert.False(t, exists(filepath.Join(dir, "other.sock")))
 	})
 	require.Equal(t, 0, srv.stop(syscall.SIGTERM))
+}
+
+// A pod whose admission a kill cut short has devices in the checkpoint but no
+// line in the pod file: serve releases them before it answers, so that status
+// and pods agree from the first request.
+func TestServeReleasesUnacknowledgedAdmissionsAtStart(t *testing.T) {
+	dir := shortTempDir(t)
+	ctl := filepath.Join(dir, "ctl.sock")
+	args := []string{"--socket-dir", dir}
+	srv := startServe(t, ctl, args...)
+	startPlugin(t, dir, gpus(4))
+	api := newAPIClient(t, ctl)
+	api.waitStatus("4 allocatable devices", func(st statusResponse) bool {
+		r := st.resource(gpu)
+		return r != nil && r.Allocatable == 4
+	})
+	training, err := os.ReadFile(trainingPod)
+	require.NoError(t, err)
+	code, body := api.do(http.MethodPost, pathPods, training)
+	require.Equal(t, http.StatusOK, code, string(body))
+	require.Equal(t, 0, srv.stop(syscall.SIGTERM))
+
+	// The pod file as a kill between the checkpoint's write and the pod
+	// file's would leave it; and a temporary file that kill left behind.
+	store := newPodStore(dir)
+	require.NoError(t, store.sync(func() []*v1.Pod { return nil }))
+	tmp := filepath.Join(dir, ".devmgr-serve-pods.json.tmp-123")
+	require.NoError(t, os.WriteFile(tmp, []byte("{"), 0o600))
+
+	startServe(t, ctl, args...)
+	r := api.status().resource(gpu)
+	require.NotNil(t, r)
+	assert.Zero(t, r.Allocated, "the first answer counts no device for a pod serve never acknowledged")
+	code, list := api.do(http.MethodGet, pathPods, nil)
+	require.Equal(t, http.StatusOK, code)
+	assert.JSONEq(t, `{"pods":[]}`, string(list))
+	assert.False(t, exists(tmp), "the temporary file of a cut write is removed")
 }

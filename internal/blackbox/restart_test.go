@@ -89,6 +89,7 @@ func TestRestoredResourceExpires(t *testing.T) {
 	e := newEnv(t, func(o *devicemanager.Options) { o.StopGracePeriod = time.Minute })
 	e.opts.SocketDir = dir
 	e.dir = dir
+	e.pods.add(pod("pod-uid-1", ctr("ctr", "example.com/dev", 2))) // the checkpoint's pod runs
 	m := e.start(t)
 	c, a, listed := capacityOf(m, "example.com/dev")
 	assert.True(t, listed)
