@@ -54,10 +54,11 @@ import (
 //
 // One more write can carry a garbage collection: a device update writes the
 // ledger as it is. Here the plugin sends one device list, when it registers
-// after the child starts, and that write may be taken after the first
-// admission's garbage collection and before its record: the file then holds
-// the acknowledged pods without the released ones, and not the pod in
-// flight. This state is allowed during the first admission of a run only.
+// after the child starts. Start has released the pods that were not active
+// when the child started, so that write drops them from the file; and if it
+// is taken after the first admission's garbage collection and before its
+// record, it drops every released pod, and the pod in flight is not in the
+// file. These states are allowed until the child's first acknowledgement.
 //
 // Nothing else: an acknowledged pod missing or with other devices is lost; a
 // device in two pods is doubled.
@@ -508,6 +509,12 @@ type crashModel struct {
 	// released are the pods of held the child dropped from its active pods
 	// since its last acknowledged admission.
 	released sets.Set[string]
+	// atStart is what a device update writes before the child's first
+	// admission when it comes after Start: Start released the pods that
+	// were not active when the child started. Set by replay.
+	atStart map[string][]string
+	// ackedInChild: the last child acknowledged an admission. Set by replay.
+	ackedInChild bool
 }
 
 // inflight is an admission begun and not acknowledged when its child died.
@@ -551,6 +558,8 @@ func (m *crashModel) replay(t *testing.T, k int, lines []string, st *crashStats)
 	t.Helper()
 	var fl *inflight
 	acked := false
+	m.atStart = m.afterWrite()
+	defer func() { m.ackedInChild = acked }()
 	for _, line := range lines {
 		f := strings.Fields(line)
 		switch {
@@ -619,11 +628,19 @@ func (m *crashModel) verify(t *testing.T, k int, dir string, fl *inflight, st *c
 		m.held = file
 		m.released = sets.New[string]()
 		return file
-	case fl != nil && fl.first && equalAllocations(file, fl.next):
-		st.inflightGone++
+	case !m.ackedInChild && (equalAllocations(file, m.atStart) || fl != nil && equalAllocations(file, fl.next)):
+		if fl != nil {
+			st.inflightGone++
+		}
 		st.gcByDeviceUpdate++
 		m.held = file
-		m.released = sets.New[string]()
+		still := sets.New[string]()
+		for uid := range m.released {
+			if _, ok := file[uid]; ok {
+				still.Insert(uid)
+			}
+		}
+		m.released = still
 		return file
 	}
 	// Neither state: say what differs, count it, and go on from the file.
