@@ -181,7 +181,7 @@ func (l *lazyFS) unmount() error {
 	}
 	if isMounted(l.mnt) {
 		out, err := exec.Command("fusermount3", "-u", "-z", l.mnt).CombinedOutput()
-		errs = append(errs, fmt.Errorf("still mounted after LazyFS exited; fusermount3 -u -z: %v %s", err, out))
+		errs = append(errs, fmt.Errorf("still mounted after LazyFS exited; fusermount3 -u -z: %s", out), err)
 	}
 	errs = append(errs, l.commands.Close(), l.completed.Close())
 	return errors.Join(errs...)

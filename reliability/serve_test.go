@@ -169,7 +169,6 @@ func runServeCrash(t *testing.T, n int, lz *lazyFS) {
 			st.startupTotal += time.Since(p.started)
 			st.startups++
 			m.check(t, k, api, status, dirs.ckpt, pending, &st)
-			pending = nil
 			plugin := startServePlugin(t, api, dirs.sockets)
 			pending = m.drive(t, k, p, api, rng, &st)
 			plugin.Stop()
