@@ -66,9 +66,10 @@ func needLazyFS(t *testing.T) string {
 	return *lazyfsPath
 }
 
-// mountLazyFS mounts LazyFS on a new short directory and unmounts it when
-// the test ends, however it ends. If the test process itself dies, LazyFS
-// dies with it (Pdeathsig) and fusermount3 unmounts (auto_unmount).
+// mountLazyFS mounts LazyFS on a new short directory, shows that it loses
+// unsynced data (selfCheck), and unmounts it when the test ends, however it
+// ends. If the test process itself dies, LazyFS dies with it (Pdeathsig) and
+// fusermount3 unmounts (auto_unmount).
 func mountLazyFS(t *testing.T) *lazyFS {
 	t.Helper()
 	bin := needLazyFS(t)
@@ -138,6 +139,7 @@ logfile=%q
 		require.FailNow(t, "LazyFS exited at start", "%s", l.log())
 	default:
 	}
+	l.selfCheck(t)
 	return l
 }
 
