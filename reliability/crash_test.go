@@ -52,13 +52,16 @@ import (
 //     stays in the file until an admission started after its release is
 //     written, and is gone from it from then on.
 //
-// One more write can carry a garbage collection: a device update writes the
-// ledger as it is. Here the plugin sends one device list, when it registers
-// after the child starts. Start has released the pods that were not active
-// when the child started, so that write drops them from the file; and if it
-// is taken after the first admission's garbage collection and before its
-// record, it drops every released pod, and the pod in flight is not in the
-// file. These states are allowed until the child's first acknowledgement.
+// Two more writes can carry a garbage collection: a device update writes the
+// ledger as it is. The child's Start releases the pods released before it
+// began (it starts with the others active), and the plugin sends one device
+// list, when it registers after the child starts. That write may land before
+// the first acknowledged admission of the run: the file then holds the
+// acknowledged pods without those released before the child began. It may
+// also land after the first admission's garbage collection and before its
+// record: the file then holds the acknowledged pods without any released
+// one, and not the pod in flight. Both states are allowed until the first
+// acknowledged admission of a run.
 //
 // Nothing else: an acknowledged pod missing or with other devices is lost; a
 // device in two pods is doubled.
@@ -164,6 +167,8 @@ type crashStats struct {
 	inflightKills                        int // kills with an admission begun and not acknowledged
 	inflightKept, inflightGone           int
 	gcByDeviceUpdate                     int // the first admission's garbage collection written by a device update
+	startGCByDeviceUpdate                int // Start's garbage collection written by a device update
+	asAcked                              int // checkpoints holding exactly the acknowledged pods
 	releasedInFile, restarts             int
 	lost, doubled, unexpected, undecoded int
 	otherState                           int // checkpoints in neither allowed state
@@ -251,6 +256,8 @@ func runCrash(t *testing.T, n int, lz *lazyFS) {
 	assert.Equal(t, st.kills, st.restarts, "restarted managers that restored the file")
 	assert.Equal(t, st.inflightKills, st.inflightKept+st.inflightGone,
 		"kills with an admission in flight: each leaves the file with it or without it")
+	assert.Equal(t, st.kills, st.asAcked+st.inflightKept+st.gcByDeviceUpdate+st.startGCByDeviceUpdate+st.otherState+st.undecoded,
+		"kills: each leaves the file in one of the states counted")
 	if lz != nil {
 		assert.Equal(t, st.kills, st.losses, "power losses LazyFS reported done, one after each kill")
 	}
@@ -272,21 +279,23 @@ func runCrash(t *testing.T, n int, lz *lazyFS) {
 	details := map[string]any{
 		"acknowledged admissions": st.acked,
 		"releases":                st.released,
-		"kills during start-up (restore, registration)":                                  st.startupKills,
-		"kills with an admission in flight":                                              st.inflightKills,
-		"kills with an admission in flight, in the file":                                 st.inflightKept,
-		"kills with an admission in flight, not in the file":                             st.inflightGone,
-		"of these, after a device update wrote the first admission's garbage collection": st.gcByDeviceUpdate,
-		"released pods still in the file at a kill":                                      st.releasedInFile,
-		"restarted managers that restored the file":                                      st.restarts,
-		"unexpected pods in the file":                                                    st.unexpected,
-		"checkpoints that did not verify":                                                st.undecoded,
-		"checkpoints in neither allowed state":                                           st.otherState,
-		"temporary files found right after a kill (total)":                               st.tempAfterKill,
-		"temporary files found right after one kill (most)":                              st.maxTempAfterKill,
-		"temporary files left after the next Start":                                      st.tempAfterStart,
-		"kill window after READY":                                                        crashKillWindow.String(),
-		"admissions per second in a child (each writes the checkpoint)":                  rate,
+		"kills during start-up (restore, registration)":                              st.startupKills,
+		"kills with an admission in flight":                                          st.inflightKills,
+		"kills with an admission in flight, in the file":                             st.inflightKept,
+		"kills with an admission in flight, not in the file":                         st.inflightGone,
+		"kills after a device update wrote the first admission's garbage collection": st.gcByDeviceUpdate,
+		"kills after a device update wrote Start's garbage collection":               st.startGCByDeviceUpdate,
+		"kills that left the file as acknowledged":                                   st.asAcked,
+		"released pods still in the file at a kill":                                  st.releasedInFile,
+		"restarted managers that restored the file":                                  st.restarts,
+		"unexpected pods in the file":                                                st.unexpected,
+		"checkpoints that did not verify":                                            st.undecoded,
+		"checkpoints in neither allowed state":                                       st.otherState,
+		"temporary files found right after a kill (total)":                           st.tempAfterKill,
+		"temporary files found right after one kill (most)":                          st.maxTempAfterKill,
+		"temporary files left after the next Start":                                  st.tempAfterStart,
+		"kill window after READY":                                                    crashKillWindow.String(),
+		"admissions per second in a child (each writes the checkpoint)":              rate,
 		"seed": seed,
 	}
 	fig := Figures{
@@ -509,12 +518,11 @@ type crashModel struct {
 	// released are the pods of held the child dropped from its active pods
 	// since its last acknowledged admission.
 	released sets.Set[string]
-	// atStart is what a device update writes before the child's first
-	// admission when it comes after Start: Start released the pods that
-	// were not active when the child started. Set by replay.
-	atStart map[string][]string
-	// ackedInChild: the last child acknowledged an admission. Set by replay.
-	ackedInChild bool
+	// startGC is what a write holds that comes after the child's Start
+	// garbage-collected the pods released before it began, and before its
+	// first acknowledged admission (a device update writes the ledger as it
+	// is); nil once the child acknowledged an admission.
+	startGC map[string][]string
 }
 
 // inflight is an admission begun and not acknowledged when its child died.
@@ -558,8 +566,9 @@ func (m *crashModel) replay(t *testing.T, k int, lines []string, st *crashStats)
 	t.Helper()
 	var fl *inflight
 	acked := false
-	m.atStart = m.afterWrite()
-	defer func() { m.ackedInChild = acked }()
+	// The child started with the pods held and not released: its Start
+	// released the others.
+	m.startGC = m.afterWrite()
 	for _, line := range lines {
 		f := strings.Fields(line)
 		switch {
@@ -583,6 +592,7 @@ func (m *crashModel) replay(t *testing.T, k int, lines []string, st *crashStats)
 			}
 			m.held = fl.next
 			m.released = sets.New[string]()
+			m.startGC = nil
 			if d := doubledDevices(m.held, f[1], devs); d > 0 {
 				t.Errorf("kill %d: the manager gave %s devices %v, %d of them held by another pod", k, f[1], devs, d)
 				st.doubled += d
@@ -619,6 +629,7 @@ func (m *crashModel) verify(t *testing.T, k int, dir string, fl *inflight, st *c
 	}
 	switch {
 	case equalAllocations(file, m.held):
+		st.asAcked++
 		if fl != nil {
 			st.inflightGone++
 		}
@@ -628,19 +639,19 @@ func (m *crashModel) verify(t *testing.T, k int, dir string, fl *inflight, st *c
 		m.held = file
 		m.released = sets.New[string]()
 		return file
-	case !m.ackedInChild && (equalAllocations(file, m.atStart) || fl != nil && equalAllocations(file, fl.next)):
+	case fl != nil && fl.first && equalAllocations(file, fl.next):
+		st.inflightGone++
+		st.gcByDeviceUpdate++
+		m.held = file
+		m.released = sets.New[string]()
+		return file
+	case m.startGC != nil && equalAllocations(file, m.startGC):
 		if fl != nil {
 			st.inflightGone++
 		}
-		st.gcByDeviceUpdate++
+		st.startGCByDeviceUpdate++
 		m.held = file
-		still := sets.New[string]()
-		for uid := range m.released {
-			if _, ok := file[uid]; ok {
-				still.Insert(uid)
-			}
-		}
-		m.released = still
+		m.released = releasedIn(m.released, file)
 		return file
 	}
 	// Neither state: say what differs, count it, and go on from the file.
@@ -661,14 +672,19 @@ func (m *crashModel) verify(t *testing.T, k int, dir string, fl *inflight, st *c
 		}
 	}
 	m.held = file
-	released := sets.New[string]()
-	for uid := range m.released {
+	m.released = releasedIn(m.released, file)
+	return file
+}
+
+// releasedIn returns the released pods that file still holds.
+func releasedIn(released sets.Set[string], file map[string][]string) sets.Set[string] {
+	out := sets.New[string]()
+	for uid := range released {
 		if _, ok := file[uid]; ok {
-			released.Insert(uid)
+			out.Insert(uid)
 		}
 	}
-	m.released = released
-	return file
+	return out
 }
 
 // inflightLanded reports whether file is the state the in-flight admission

@@ -182,12 +182,14 @@ the next admission's write, which garbage-collects first. So after a kill the fi
 hold pods released since the last acknowledged admission: exactly those, with their devices,
 or, if the admission in flight was written, none of them. The test models this: a release is
 acknowledged by the next acknowledged admission, and a released pod that is still in the file
-is neither lost nor unexpected. One other write can carry a garbage collection: a device update
-writes the ledger as it is. Start releases the pods its active pods do not list, and in this
-test the plugin sends one device list, when it registers after the child starts; its write
-drops the pods released before the child started. If it lands between the first admission's
-garbage collection and its record, it drops every released pod, and the pod in flight is not
-in the file. The test allows these states until the child's first acknowledgement.
+is neither lost nor unexpected. Two other writes can carry a garbage collection, because a
+device update writes the ledger as it is. A child starts with the pods that are acknowledged
+and not released, and its Start releases the others before it returns; the plugin then sends
+one device list, whose write may land before the first acknowledged admission of the run: the
+file then holds the acknowledged pods without those released before the child began. That
+write may also land between the first admission's garbage collection and its record: the file
+then holds the acknowledged pods without any released one, and not the pod in flight. The test
+allows these states until the first acknowledged admission of a run.
 
 **Temporary files.** They are counted right after each kill, before anything else touches the
 directory. A kill interrupts at most one write, so at most one may be there, and the next Start
