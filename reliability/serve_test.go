@@ -203,6 +203,11 @@ func runServeCrash(t *testing.T, n int, lz *lazyFS) {
 	if lz != nil {
 		assert.Equal(t, st.kills, st.losses, "power losses LazyFS reported done, one after each kill")
 	}
+	assert.Equal(t, n-st.startupKills, st.inflightAdmitted+st.inflightNotAdmitted+st.inflightReleased+st.inflightNotReleased,
+		"kills after the plugin registered: each cut a request, found landed or not at the next restart")
+	if n >= 50 {
+		assert.Positive(t, st.inflightReleased+st.inflightNotReleased, "no kill came during a release")
+	}
 	if n >= 20 { // with fewer, these may hold by chance
 		assert.Positive(t, st.acked, "serve acknowledged no admission: nothing was tested")
 		assert.Positive(t, st.releases, "serve acknowledged no release")
@@ -217,22 +222,22 @@ func runServeCrash(t *testing.T, n int, lz *lazyFS) {
 		Lost:     st.lost,
 		Doubled:  st.doubled,
 		Details: map[string]any{
-			"acknowledged admissions":                                                  st.acked,
-			"acknowledged releases":                                                    st.releases,
-			"kills during serve's start-up":                                            st.startupKills,
-			"kills with an admission in flight, listed after the restart":              st.inflightAdmitted,
-			"kills with an admission in flight, not listed after the restart":          st.inflightNotAdmitted,
-			"kills with a release in flight, done after the restart":                   st.inflightReleased,
-			"kills with a release in flight, not done after the restart":               st.inflightNotReleased,
-			"restarts checked (status, pods, checkpoint) as soon as serve answered":    st.checks,
-			"restarts whose status counted other devices allocated than the pods hold": st.statusMismatches,
-			"unexpected pods, listed or in the checkpoint":                             st.unexpected,
-			"checkpoints that did not verify":                                          st.undecoded,
-			"admissions or releases refused":                                           st.refused,
-			"temporary files found right after a kill (total)":                         st.tempAfterKill,
-			"temporary files found right after one kill (most)":                        st.maxTempAfterKill,
-			"temporary files left after serve started again":                           st.tempAfterStart,
-			"kill window after the plugin registered":                                  serveKillWindow.String(),
+			"acknowledged admissions":                                                          st.acked,
+			"acknowledged releases":                                                            st.releases,
+			"kills during serve's start-up":                                                    st.startupKills,
+			"kills with an admission in flight, listed after the restart":                      st.inflightAdmitted,
+			"kills with an admission in flight, not listed after the restart":                  st.inflightNotAdmitted,
+			"kills with a release in flight, done after the restart":                           st.inflightReleased,
+			"kills with a release in flight, not done after the restart":                       st.inflightNotReleased,
+			"restarts checked (status, pods, checkpoint) as soon as serve answered":            st.checks,
+			"restarts whose status counted other devices allocated than the pods hold":         st.statusMismatches,
+			"unexpected pods, listed or in the checkpoint":                                     st.unexpected,
+			"checkpoints that did not verify":                                                  st.undecoded,
+			"admissions or releases refused":                                                   st.refused,
+			"temporary files found right after a kill (total)":                                 st.tempAfterKill,
+			"temporary files of one file (checkpoint or pod file) right after one kill (most)": st.maxTempAfterKill,
+			"temporary files left after serve started again":                                   st.tempAfterStart,
+			"kill window after the plugin registered":                                          serveKillWindow.String(),
 			"seed": seed,
 		},
 		Elapsed: time.Since(start).Round(time.Millisecond).String(),
