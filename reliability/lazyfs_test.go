@@ -110,8 +110,10 @@ logfile=%q
 	require.NoError(t, err)
 	defer out.Close()
 
+	// One -o: LazyFS passes at most ten arguments on to FUSE and drops the
+	// rest, "-f" (foreground) among them if it comes late.
 	l.cmd = exec.Command(bin, l.mnt, "--config-path", conf,
-		"-o", "allow_other", "-o", "auto_unmount", "-o", "modules=subdir", "-o", "subdir="+l.disk, "-f")
+		"-o", "allow_other,auto_unmount,modules=subdir,subdir="+l.disk, "-f")
 	l.cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+filepath.Dir(bin))
 	l.cmd.Stdout, l.cmd.Stderr = out, out
 	l.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
