@@ -42,7 +42,10 @@
 // no send limit; devmgr's refuses a response larger than
 // Options.MaxSendMsgSize (16 MiB by default, the clients' customary receive
 // limit) with codes.ResourceExhausted. The kubelet always rate-limits
-// (100 calls per second, burst 10); devmgr does when Options.Limiter is set.
+// (DefaultQPS calls per second, burst DefaultBurst); devmgr does when
+// Options.Limiter is set, as "devmgr serve" does by default. A call the
+// limiter refuses counts in the kubelet's metrics as a request and an error
+// of its method; the kubelet refuses it before counting anything.
 //
 // # Concurrency
 //

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -32,6 +33,13 @@ const (
 	// that copied them), so a larger response would be refused by them
 	// anyway: devmgr refuses it before sending.
 	DefaultMaxSendMsgSize = 16 << 20
+
+	// DefaultQPS is the kubelet's rate limit of the API: calls per second,
+	// on average. Options.Limiter takes it, with DefaultBurst, as
+	// rate.NewLimiter(DefaultQPS, DefaultBurst) (golang.org/x/time/rate).
+	DefaultQPS = 100
+	// DefaultBurst is the kubelet's burst: calls at once above DefaultQPS.
+	DefaultBurst = 10
 )
 
 // ErrLimitExceeded is the error of a call refused by Options.Limiter: gRPC
@@ -71,8 +79,8 @@ type PodsFunc func() []*v1.Pod
 func (f PodsFunc) Pods() []*v1.Pod { return f() }
 
 // Limiter decides whether a call may proceed now; *rate.Limiter of
-// golang.org/x/time/rate implements it. The kubelet allows 100 calls per
-// second with a burst of 10.
+// golang.org/x/time/rate implements it. The kubelet allows DefaultQPS calls
+// per second with a burst of DefaultBurst.
 type Limiter interface {
 	Allow() bool
 }
@@ -90,6 +98,10 @@ type Options struct {
 	// Limiter, when set, is asked before every call; a refused call fails
 	// with ErrLimitExceeded. nil: no limit.
 	Limiter Limiter
+	// Registerer receives the server's Prometheus metrics, the kubelet's
+	// kubelet_pod_resources_endpoint_*; nil: no metrics are registered.
+	// A call the Limiter refuses counts as a request and an error.
+	Registerer prometheus.Registerer
 	// Logger is the server's logger. Default klog.Background().
 	Logger klog.Logger
 }
@@ -120,6 +132,7 @@ type Server struct {
 	pods    PodSource
 	opts    Options
 	log     klog.Logger
+	metrics *metrics
 
 	// mu serialises Start and Stop and guards the fields below. It is held
 	// across their socket I/O; no RPC takes it.
@@ -133,8 +146,8 @@ type Server struct {
 }
 
 // NewServer returns a Server that reports devices from devices and pods from
-// pods. It does not serve until Start, or until it is registered on a
-// grpc.Server with Register.
+// pods, and registers its metrics on Options.Registerer. It does not serve
+// until Start, or until it is registered on a grpc.Server with Register.
 func NewServer(devices DeviceSource, pods PodSource, opts Options) (*Server, error) {
 	if devices == nil || pods == nil {
 		return nil, errors.New("podresources: a device source and a pod source are required")
@@ -143,7 +156,11 @@ func NewServer(devices DeviceSource, pods PodSource, opts Options) (*Server, err
 	if err != nil {
 		return nil, err
 	}
-	return &Server{devices: devices, pods: pods, opts: opts, log: opts.Logger}, nil
+	m, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("podresources: register metrics: %w", err)
+	}
+	return &Server{devices: devices, pods: pods, opts: opts, log: opts.Logger, metrics: m}, nil
 }
 
 // Register registers the PodResourcesLister v1 service on reg, for an
@@ -158,7 +175,7 @@ func (s *Server) Register(reg grpc.ServiceRegistrar) {
 // with its devices. Regular init containers are left out, as by the kubelet:
 // their devices, if any, are reported by the containers that reused them.
 func (s *Server) List(_ context.Context, _ *podresourcesv1.ListPodResourcesRequest) (*podresourcesv1.ListPodResourcesResponse, error) {
-	if err := s.allow("List"); err != nil {
+	if err := s.allow(s.metrics.list); err != nil {
 		return nil, err
 	}
 	pods := s.pods.Pods()
@@ -178,7 +195,7 @@ func (s *Server) List(_ context.Context, _ *podresourcesv1.ListPodResourcesReque
 // never an unhealthy one. CPU IDs and memory are left empty: devmgr has no
 // CPU or memory manager.
 func (s *Server) GetAllocatableResources(_ context.Context, _ *podresourcesv1.AllocatableResourcesRequest) (*podresourcesv1.AllocatableResourcesResponse, error) {
-	if err := s.allow("GetAllocatableResources"); err != nil {
+	if err := s.allow(s.metrics.allocatable); err != nil {
 		return nil, err
 	}
 	return &podresourcesv1.AllocatableResourcesResponse{
@@ -190,7 +207,7 @@ func (s *Server) GetAllocatableResources(_ context.Context, _ *podresourcesv1.Al
 // first, should the source hold two), as List reports it. An unknown pod
 // fails with codes.NotFound.
 func (s *Server) Get(_ context.Context, req *podresourcesv1.GetPodResourcesRequest) (*podresourcesv1.GetPodResourcesResponse, error) {
-	if err := s.allow("Get"); err != nil {
+	if err := s.allow(s.metrics.get); err != nil {
 		return nil, err
 	}
 	name, namespace := req.GetPodName(), req.GetPodNamespace()
@@ -199,14 +216,18 @@ func (s *Server) Get(_ context.Context, req *podresourcesv1.GetPodResourcesReque
 			return &podresourcesv1.GetPodResourcesResponse{PodResources: s.podResources(pod)}, nil
 		}
 	}
+	s.metrics.get.errors.Inc()
 	s.log.V(4).Info("Pod not found", keyPod, klog.KRef(namespace, name))
 	return nil, status.Errorf(codes.NotFound, "pod %s in namespace %s not found", name, namespace)
 }
 
-// allow logs the call and asks the limiter.
-func (s *Server) allow(method string) error {
-	s.log.V(4).Info("Podresources call", keyMethod, method)
+// allow logs and counts the call, and asks the limiter.
+func (s *Server) allow(m method) error {
+	s.log.V(4).Info("Podresources call", keyMethod, m.name)
+	s.metrics.total.Inc()
+	m.requests.Inc()
 	if s.opts.Limiter != nil && !s.opts.Limiter.Allow() {
+		m.errors.Inc()
 		return ErrLimitExceeded
 	}
 	return nil

@@ -61,7 +61,7 @@ type badReg struct {
 }
 
 func TestBadRegistrations(t *testing.T) {
-	fig := Figures{Category: "bad registrations", Details: map[string]any{}}
+	fig := Figures{Category: "bad registrations"}
 	defer recordOnExit(t, &fig, time.Now())
 	leaks := newLeakCheck(t)
 	r := newRig(t, func(o *devicemanager.Options) { o.DialTimeout = badRegDialTimeout }).start()
@@ -73,7 +73,7 @@ func TestBadRegistrations(t *testing.T) {
 	defer others.stop()
 
 	cases := badRegistrations(r.dir, target)
-	fig.Details["malformed requests"] = len(cases)
+	fig.param("malformed requests sent", len(cases))
 	refused := 0
 	for _, tc := range cases {
 		fig.Cases++
@@ -82,11 +82,13 @@ func TestBadRegistrations(t *testing.T) {
 			tc.mutate(req)
 			err := r.registerWith(target, req)
 			require.Error(t, err, "refused")
-			refused++
-			fig.Faults++
-			assert.Equal(t, codes.Unknown, status.Code(err), "%v", err)
+			// A refusal counts when the client got the error it must get.
+			ok := assert.Equal(t, codes.Unknown, status.Code(err), "%v", err)
 			for _, w := range tc.want {
-				assert.Contains(t, status.Convert(err).Message(), w)
+				ok = assert.Contains(t, status.Convert(err).Message(), w) && ok
+			}
+			if ok {
+				refused++
 			}
 			assert.NoError(t, r.m.HealthCheck())
 			// A good plugin registers again and is served.
@@ -98,18 +100,18 @@ func TestBadRegistrations(t *testing.T) {
 	c, _ := r.capacity(resGPU)
 	assert.Equal(t, int64(-1), c, "nothing registered")
 	checkWatcherValidation(t, r.m, cases)
-
-	fig.Details["malformed requests refused"] = refused
+	fig.exact(t, "malformed requests refused with the expected error", refused, len(cases))
 
 	fig.Cases++
+	assert.Equal(t, len(cases)+1, fig.Cases, "the malformed requests and the hot loop")
 	storm := registrationStorm(t, r)
-	fig.Faults += storm.requests
-	fig.Details["hot loop requests"] = storm.requests
-	fig.Details["hot loop accepted (replacing the old one)"] = storm.accepted
-	fig.Details["hot loop refused (clear error)"] = storm.refused
-	fig.Details["hot loop rate achieved (per second)"] = storm.rate
-	fig.Details["good admissions during the hot loop"] = storm.admissions
-	fig.Details["slowest good admission during the loop"] = storm.slowest.String()
+	fig.param("hot loop requests sent", stormRequests)
+	fig.param("hot loop pace asked (per second)", stormRate)
+	fig.exact(t, "hot loop requests answered (accepted, or refused naming the socket)", storm.accepted+storm.refused, stormRequests)
+	fig.atLeast(t, "hot loop accepted (replacing the old one)", storm.accepted, 1)
+	fig.atLeast(t, "good admissions during the hot loop", storm.admissions, 1)
+	// The faults are what the client saw refused or answered.
+	fig.Faults = refused + storm.accepted + storm.refused
 
 	// The target registers properly at last.
 	r.register(target)
@@ -117,7 +119,9 @@ func TestBadRegistrations(t *testing.T) {
 	fig.Lost, fig.Doubled = r.audit()
 	r.shutdown()
 	others.stop()
-	fig.Details["leaked fds"], fig.Details["leaked goroutines"] = leaks.verify(t)
+	fds, goroutines := leaks.verify(t)
+	fig.exact(t, "leaked fds", fds, 0)
+	fig.exact(t, "leaked goroutines", goroutines, 0)
 }
 
 // badRegistrations lists the malformed requests: the version, every invalid
@@ -332,9 +336,9 @@ type stormResult struct {
 // registrationStorm makes one plugin register the same resource on the same
 // socket stormRequests times, paced at stormRate per second (stormWorkers
 // concurrent senders on one connection to kubelet.sock, so that the pace is
-// the manager's to keep), while the good plugin admits pods. On 2 cores
-// under -race the manager, the plugin and the senders keep up with about 700
-// requests per second; the rate achieved is in the figures. Each request is
+// the manager's to keep), while the good plugin admits pods. The rate
+// achieved, which depends on the machine and its load, is in the test's log
+// only. Each request is
 // accepted (replacing the previous connection, where the kubelet would refuse
 // it: see docs/ARCHITECTURE.md) or refused with an error naming the socket;
 // afterwards one connection serves the resource.
@@ -407,12 +411,12 @@ func registrationStorm(t *testing.T, r *rig) stormResult {
 	}
 	assert.Positive(t, res.admissions, "the good plugin was served during the hot loop")
 	for i, err := range errs {
-		if err == nil {
+		switch {
+		case err == nil:
 			res.accepted++
-			continue
+		case assert.Contains(t, err.Error(), p.SocketPath(), "request %d refused without naming the socket", i):
+			res.refused++
 		}
-		res.refused++
-		assert.Contains(t, err.Error(), p.SocketPath(), "request %d refused without naming the socket", i)
 	}
 	t.Logf("hot loop: %d requests in %v (%d/s), %d accepted, %d refused; %d good admissions meanwhile, slowest %v",
 		res.requests, elapsed.Round(time.Millisecond), res.rate, res.accepted, res.refused, res.admissions, res.slowest)

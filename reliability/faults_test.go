@@ -10,9 +10,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
@@ -31,13 +33,19 @@ import (
 // tolerant reading documented in the case; a failed admission leaves the
 // ledger as it was (GetDevices nil, and every device it had picked can be
 // allocated again); a well-behaved plugin registered alongside keeps being
-// served; and no goroutine or file descriptor outlives the case.
+// served; and no goroutine or file descriptor outlives the case. A fault is
+// counted where the test sees it happen: the plugin process's exit by
+// SIGKILL (its process state), a call's DeadlineExceeded or Canceled (the
+// error returned, or the manager's rpc error metric), a malformed answer's
+// refusal (the error returned, logged or counted) or its documented reading;
+// each case must see exactly the faults it injects.
 
-// Kinds of fault, for the figures.
+// Kinds of fault, as the figures count them.
 const (
-	kindDeath  = "process death"
-	kindHang   = "hang"
-	kindAnswer = "malformed answer"
+	kindDeath   = "process death"
+	kindHang    = "hang"
+	kindRefused = "malformed answer refused" // the manager's error: returned, logged, or counted
+	kindRead    = "malformed answer read as documented"
 )
 
 // shortTimeout is CallTimeout, PreStartTimeout and DialTimeout of the hang
@@ -45,27 +53,47 @@ const (
 const shortTimeout = 250 * time.Millisecond
 
 // faultCase is one injected fault: run injects it into a started rig with a
-// registered bystander, checks the outcome and returns the number of faults
-// it injected.
+// registered bystander, checks the outcome, and counts in seen each fault
+// it saw happen. It must see faults of its kind (1 when zero), no other.
 type faultCase struct {
-	name string
-	kind string
-	opts func(*devicemanager.Options)
-	run  func(t *testing.T, r *rig) int
+	name   string
+	kind   string
+	faults int
+	opts   func(*devicemanager.Options)
+	run    func(t *testing.T, r *rig, seen observed)
+}
+
+// observed counts faults seen, by kind.
+type observed map[string]int
+
+// saw counts one fault of kind when ok: the result of the assertion that
+// saw it happen, right before.
+func (o observed) saw(kind string, ok bool) {
+	if ok {
+		o[kind]++
+	}
 }
 
 func TestPluginFaults(t *testing.T) {
 	cases := slices.Concat(deathCases(), hangCases(), answerCases())
 	fig := Figures{Category: "plugin faults"}
-	kinds := map[string]int{}
+	defer recordOnExit(t, &fig, time.Now())
+	fig.param("call deadline of the hang cases", shortTimeout.String())
+	injected, seen := observed{}, observed{}
 	var leakedFDs, leakedGoroutines, failed int
-	start := time.Now()
 	for _, tc := range cases {
+		want := max(tc.faults, 1)
+		injected[tc.kind] += want
 		ok := t.Run(tc.name, func(t *testing.T) {
 			leaks := newLeakCheck(t)
 			r := newRig(t, tc.opts).start()
 			r.bystander()
-			fig.Faults += tc.run(t, r)
+			o := observed{}
+			tc.run(t, r, o)
+			assert.Equal(t, observed{tc.kind: want}, o, "faults seen")
+			for kind, n := range o {
+				seen[kind] += n
+			}
 			r.by.admit(t) // the manager still serves a well-behaved plugin
 			lost, doubled := r.audit()
 			fig.Lost += lost
@@ -76,23 +104,21 @@ func TestPluginFaults(t *testing.T) {
 			leakedGoroutines += goroutines
 		})
 		fig.Cases++
-		kinds[tc.kind]++
 		if !ok {
 			failed++
 		}
 	}
-	fig.Elapsed = time.Since(start).Round(time.Millisecond).String()
-	fig.Kills = kinds[kindDeath]
-	fig.Details = map[string]any{
-		"process deaths (SIGKILL of a plugin process)": kinds[kindDeath],
-		"hangs":              kinds[kindHang],
-		"malformed answers":  kinds[kindAnswer],
-		"leaked fds":         leakedFDs,
-		"leaked goroutines":  leakedGoroutines,
-		"failed cases":       failed,
-		"call deadline used": shortTimeout.String(),
+	for _, kind := range []string{kindDeath, kindHang, kindRefused, kindRead} {
+		fig.Faults += seen[kind]
 	}
-	record(t, fig)
+	fig.Kills = seen[kindDeath]
+	fig.exact(t, "process deaths seen (the plugin process's exit by SIGKILL)", seen[kindDeath], injected[kindDeath])
+	fig.exact(t, "hangs seen (a call past its deadline, cancelled, or held while the rest is served)", seen[kindHang], injected[kindHang])
+	fig.exact(t, "malformed answers refused (the manager's error: returned, logged or counted)", seen[kindRefused], injected[kindRefused])
+	fig.exact(t, "malformed answers read as documented (the reading asserted)", seen[kindRead], injected[kindRead])
+	fig.exact(t, "failed cases", failed, 0)
+	fig.exact(t, "leaked fds", leakedFDs, 0)
+	fig.exact(t, "leaked goroutines", leakedGoroutines, 0)
 }
 
 // BUG: the logs of an admission bypass Options.Logger when the caller's
@@ -154,14 +180,16 @@ func gpuChild(hang plugintest.Method) childConfig {
 }
 
 // assertRefused checks that err wraps sentinel and reads prefix..., and that
-// the refused pod holds nothing; the pod leaves the active list.
-func assertRefused(t *testing.T, r *rig, pod *v1.Pod, err error, sentinel error, prefix string) {
+// the refused pod holds nothing; the pod leaves the active list. It reports
+// whether every check held.
+func assertRefused(t *testing.T, r *rig, pod *v1.Pod, err error, sentinel error, prefix string) bool {
 	t.Helper()
 	require.Error(t, err)
-	assert.ErrorIs(t, err, sentinel)
-	assert.True(t, strings.HasPrefix(err.Error(), prefix), "error %q does not start with %q", err, prefix)
-	assert.Nil(t, r.m.GetDevices(string(pod.UID), "c"), "a refused admission holds no device")
+	ok := assert.ErrorIs(t, err, sentinel)
+	ok = assert.True(t, strings.HasPrefix(err.Error(), prefix), "error %q does not start with %q", err, prefix) && ok
+	ok = assert.Nil(t, r.m.GetDevices(string(pod.UID), "c"), "a refused admission holds no device") && ok
 	r.release(pod)
+	return ok
 }
 
 // requireAllFree admits a pod asking every device of each (resource, count)
@@ -185,17 +213,37 @@ func shortTimeouts(o *devicemanager.Options) {
 
 func requireGPU(o *devicemanager.Options) { o.RequirePlugin = []string{resGPU} }
 
+// withMetrics adds a Prometheus registry to tune's options, for a case that
+// sees a fault in the manager's metrics (rpcErrors). Such a case must not
+// restart the manager: a second one cannot register in the same registry.
+func withMetrics(tune func(*devicemanager.Options)) func(*devicemanager.Options) {
+	return func(o *devicemanager.Options) {
+		tune(o)
+		o.Registerer = prometheus.NewRegistry()
+	}
+}
+
+// rpcErrors returns the manager's count of failed calls of method to the
+// plugin of res (MetricRPCErrorsTotal); the rig's options need withMetrics.
+func rpcErrors(t *testing.T, r *rig, res string, method plugintest.Method) int {
+	t.Helper()
+	g, ok := r.opts.Registerer.(prometheus.Gatherer)
+	require.True(t, ok, "the case's options need withMetrics")
+	return metricCount(t, g, devicemanager.MetricRPCErrorsTotal, map[string]string{"resource_name": res, "method": string(method)})
+}
+
 // deathCases kill a real plugin process (the test binary re-executed as a
 // plugintest plugin) at a chosen point of each RPC kind. Timeouts are long:
 // only the death ends the call.
 func deathCases() []faultCase {
 	return []faultCase{{
 		name: "process dies in ListAndWatch before its first message", kind: kindDeath, opts: longTimeouts,
-		run: func(t *testing.T, r *rig) int {
+		run: func(t *testing.T, r *rig, seen observed) {
 			c := r.startChild(gpuChild(plugintest.MethodListAndWatch))
 			c.expect(lineReady)
 			c.expect(lineHangPrefix + string(plugintest.MethodListAndWatch))
 			c.kill()
+			seen.saw(kindDeath, assert.True(t, c.killedBy(syscall.SIGKILL), "the plugin process ended by SIGKILL"))
 			r.waitErrorLog("ListAndWatch ended unexpectedly", resGPU)
 			c1, a1 := r.capacity(resGPU)
 			assert.Equal(t, []int64{-1, -1}, []int64{c1, a1}, "no device list ever came: the resource is not registered")
@@ -206,11 +254,10 @@ func deathCases() []faultCase {
 			back.expect(lineReady)
 			r.waitCapacity(resGPU, 4, 4)
 			requireAllFree(t, r, "all", resGPU, 4)
-			return 1
 		},
 	}, {
 		name: "process dies while its ListAndWatch stream is open", kind: kindDeath, opts: longTimeouts,
-		run: func(t *testing.T, r *rig) int {
+		run: func(t *testing.T, r *rig, seen observed) {
 			c := r.startChild(gpuChild(""))
 			c.expect(lineReady)
 			r.waitCapacity(resGPU, 4, 4)
@@ -218,6 +265,7 @@ func deathCases() []faultCase {
 			require.NoError(t, r.admit(a))
 			held := r.held(a, resGPU)
 			c.kill()
+			seen.saw(kindDeath, assert.True(t, c.killedBy(syscall.SIGKILL), "the plugin process ended by SIGKILL"))
 			// The devices stay in capacity, none allocatable, for the grace
 			// period; the allocation stays.
 			r.waitCapacity(resGPU, 4, 0)
@@ -238,11 +286,10 @@ func deathCases() []faultCase {
 			late := podOf("late", resGPU, 1)
 			assertRefused(t, r, late, r.admit(late), devicemanager.ErrInsufficientDevices,
 				"requested number of devices unavailable for "+resGPU+". Requested: 1, Available: 0")
-			return 1
 		},
 	}, {
 		name: "process dies in Allocate", kind: kindDeath, opts: longTimeouts,
-		run: func(t *testing.T, r *rig) int {
+		run: func(t *testing.T, r *rig, seen observed) {
 			c := r.startChild(gpuChild(plugintest.MethodAllocate))
 			c.expect(lineReady)
 			r.waitCapacity(resGPU, 4, 4)
@@ -251,6 +298,7 @@ func deathCases() []faultCase {
 			go func() { done <- r.admit(pod) }()
 			c.expect(lineHangPrefix + string(plugintest.MethodAllocate))
 			c.kill()
+			seen.saw(kindDeath, assert.True(t, c.killedBy(syscall.SIGKILL), "the plugin process ended by SIGKILL"))
 			err := waitResult(t, done, "Allocate")
 			assertRefused(t, r, pod, err, devicemanager.ErrPluginCall, "device plugin Allocate rpc for "+resGPU+" failed: ")
 			r.waitCapacity(resGPU, 4, 0)
@@ -259,11 +307,10 @@ func deathCases() []faultCase {
 			back.expect(lineReady)
 			r.waitCapacity(resGPU, 4, 4)
 			requireAllFree(t, r, "all", resGPU, 4)
-			return 1
 		},
 	}, {
 		name: "process dies in PreStartContainer", kind: kindDeath, opts: longTimeouts,
-		run: func(t *testing.T, r *rig) int {
+		run: func(t *testing.T, r *rig, seen observed) {
 			cfg := gpuChild(plugintest.MethodPreStartContainer)
 			cfg.preStart = true
 			c := r.startChild(cfg)
@@ -279,6 +326,7 @@ func deathCases() []faultCase {
 			}()
 			c.expect(lineHangPrefix + string(plugintest.MethodPreStartContainer))
 			c.kill()
+			seen.saw(kindDeath, assert.True(t, c.killedBy(syscall.SIGKILL), "the plugin process ended by SIGKILL"))
 			err := waitResult(t, done, "GetDeviceRunContainerOptions")
 			require.ErrorIs(t, err, devicemanager.ErrPluginCall)
 			assert.True(t, strings.HasPrefix(err.Error(), "device plugin PreStartContainer rpc failed with err: "), "%v", err)
@@ -294,11 +342,10 @@ func deathCases() []faultCase {
 			require.NoError(t, err, "the container starts once its plugin is back")
 			require.NotNil(t, opts)
 			assert.Len(t, opts.Devices, 2)
-			return 1
 		},
 	}, {
 		name: "process dies in GetPreferredAllocation", kind: kindDeath, opts: longTimeouts,
-		run: func(t *testing.T, r *rig) int {
+		run: func(t *testing.T, r *rig, seen observed) {
 			cfg := gpuChild(plugintest.MethodGetPreferredAllocation)
 			cfg.preferred = true
 			c := r.startChild(cfg)
@@ -309,6 +356,7 @@ func deathCases() []faultCase {
 			go func() { done <- r.admit(pod) }()
 			c.expect(lineHangPrefix + string(plugintest.MethodGetPreferredAllocation))
 			c.kill()
+			seen.saw(kindDeath, assert.True(t, c.killedBy(syscall.SIGKILL), "the plugin process ended by SIGKILL"))
 			err := waitResult(t, done, "Allocate")
 			// A failed preference means "no preference"; what ends the
 			// admission is the dead plugin: its Allocate fails, or its
@@ -328,7 +376,6 @@ func deathCases() []faultCase {
 			back.expect(lineReady)
 			r.waitCapacity(resGPU, 4, 4)
 			requireAllFree(t, r, "all", resGPU, 4)
-			return 1
 		},
 	}}
 }
@@ -338,7 +385,7 @@ func deathCases() []faultCase {
 func hangCases() []faultCase {
 	return []faultCase{{
 		name: "hangs in GetDevicePluginOptions", kind: kindHang, opts: shortTimeouts,
-		run: func(t *testing.T, r *rig) int {
+		run: func(t *testing.T, r *rig, seen observed) {
 			p := r.plugin(resGPU, "gpu.sock", healthyDevices("d", 4))
 			release := p.Block(plugintest.MethodGetDevicePluginOptions)
 			defer release()
@@ -346,7 +393,7 @@ func hangCases() []faultCase {
 			require.Error(t, err)
 			assert.Equal(t, codes.Unknown, status.Code(err))
 			assert.Contains(t, err.Error(), "failed to get device plugin options: "+p.SocketPath())
-			assert.Contains(t, err.Error(), "DeadlineExceeded")
+			seen.saw(kindHang, assert.Contains(t, err.Error(), "DeadlineExceeded"))
 			c, _ := r.capacity(resGPU)
 			assert.Equal(t, int64(-1), c, "not registered")
 			r.by.admit(t)
@@ -354,13 +401,12 @@ func hangCases() []faultCase {
 			release()
 			r.register(p)
 			requireAllFree(t, r, "all", resGPU, 4)
-			return 1
 		},
 	}, {
 		// A stream has no deadline: it lives as long as the plugin. Until
 		// its first message the resource is not usable, and the rest is.
 		name: "hangs in ListAndWatch", kind: kindHang, opts: shortTimeouts,
-		run: func(t *testing.T, r *rig) int {
+		run: func(t *testing.T, r *rig, seen observed) {
 			p := r.plugin(resGPU, "gpu.sock", healthyDevices("d", 4))
 			release := p.Block(plugintest.MethodListAndWatch)
 			defer release()
@@ -371,16 +417,19 @@ func hangCases() []faultCase {
 			pod := podOf("p", resGPU, 1)
 			assertRefused(t, r, pod, r.admit(pod), devicemanager.ErrUnregisteredResource, "cannot allocate unregistered device "+resGPU)
 			r.by.admit(t)
+			// Seen as a stream the manager opened and still waits on while
+			// it served the rest.
+			c, _ = r.capacity(resGPU)
+			seen.saw(kindHang, assert.Equal(t, int64(-1), c, "still no first message"))
 
 			release()
 			r.waitCapacity(resGPU, 4, 4)
 			requireAllFree(t, r, "all", resGPU, 4)
-			return 1
 		},
 	}, {
 		// A preference that does not come in time is no preference.
-		name: "hangs in GetPreferredAllocation", kind: kindHang, opts: shortTimeouts,
-		run: func(t *testing.T, r *rig) int {
+		name: "hangs in GetPreferredAllocation", kind: kindHang, opts: withMetrics(shortTimeouts),
+		run: func(t *testing.T, r *rig, seen observed) {
 			p := r.register(r.plugin(resGPU, "gpu.sock", healthyDevices("d", 4), withPreferred))
 			release := p.Block(plugintest.MethodGetPreferredAllocation)
 			defer release()
@@ -392,11 +441,12 @@ func hangCases() []faultCase {
 			require.False(t, calls[0].Deadline.IsZero(), "the call has a deadline")
 			assert.LessOrEqual(t, calls[0].Deadline.Sub(calls[0].Time), shortTimeout)
 			assert.Len(t, p.CallsOf(plugintest.MethodAllocate), 1)
-			return 1
+			seen.saw(kindHang, assert.Equal(t, 1, rpcErrors(t, r, resGPU, plugintest.MethodGetPreferredAllocation),
+				"the manager counts the call that hit its deadline"))
 		},
 	}, {
 		name: "hangs in Allocate", kind: kindHang, opts: shortTimeouts,
-		run: func(t *testing.T, r *rig) int {
+		run: func(t *testing.T, r *rig, seen observed) {
 			p := r.register(r.plugin(resGPU, "gpu.sock", healthyDevices("d", 4)))
 			release := p.Block(plugintest.MethodAllocate)
 			defer release()
@@ -404,7 +454,7 @@ func hangCases() []faultCase {
 			err := r.admit(pod)
 			assertRefused(t, r, pod, err, devicemanager.ErrPluginCall,
 				"device plugin Allocate rpc for "+resGPU+" failed: rpc error: code = DeadlineExceeded")
-			assert.Equal(t, codes.DeadlineExceeded, status.Code(err))
+			seen.saw(kindHang, assert.Equal(t, codes.DeadlineExceeded, status.Code(err)))
 			calls := p.CallsOf(plugintest.MethodAllocate)
 			require.Len(t, calls, 1)
 			assert.LessOrEqual(t, calls[0].Deadline.Sub(calls[0].Time), shortTimeout)
@@ -412,11 +462,10 @@ func hangCases() []faultCase {
 
 			release()
 			requireAllFree(t, r, "all", resGPU, 4)
-			return 1
 		},
 	}, {
 		name: "hangs in PreStartContainer", kind: kindHang, opts: shortTimeouts,
-		run: func(t *testing.T, r *rig) int {
+		run: func(t *testing.T, r *rig, seen observed) {
 			p := r.register(r.plugin(resGPU, "gpu.sock", healthyDevices("d", 4), withPreStart))
 			a := podOf("a", resGPU, 2)
 			require.NoError(t, r.admit(a))
@@ -427,7 +476,7 @@ func hangCases() []faultCase {
 			require.ErrorIs(t, err, devicemanager.ErrPluginCall)
 			assert.True(t, strings.HasPrefix(err.Error(),
 				"device plugin PreStartContainer rpc failed with err: rpc error: code = DeadlineExceeded"), "%v", err)
-			assert.Equal(t, codes.DeadlineExceeded, status.Code(err))
+			seen.saw(kindHang, assert.Equal(t, codes.DeadlineExceeded, status.Code(err)))
 			assert.Equal(t, held, r.held(a, resGPU), "the admission stands")
 			r.by.admit(t)
 
@@ -436,13 +485,12 @@ func hangCases() []faultCase {
 			require.NoError(t, err)
 			require.NotNil(t, opts)
 			assert.Len(t, opts.Devices, 2)
-			return 1
 		},
 	}, {
 		// With long deadlines, calls hang until released or cancelled: the
 		// manager serves everything else meanwhile, without waiting for them.
-		name: "a hung plugin delays only its own pods", kind: kindHang, opts: longTimeouts,
-		run: func(t *testing.T, r *rig) int {
+		name: "a hung plugin delays only its own pods", kind: kindHang, faults: 2, opts: longTimeouts,
+		run: func(t *testing.T, r *rig, seen observed) {
 			p := r.register(r.plugin(resGPU, "gpu.sock", healthyDevices("d", 4), withPreStart))
 			release := p.Block(plugintest.MethodAllocate)
 			defer release()
@@ -461,6 +509,7 @@ func hangCases() []faultCase {
 			case err := <-done:
 				require.FailNow(t, "Allocate returned while its plugin hangs", "%v", err)
 			default:
+				seen.saw(kindHang, true) // still in flight, everything else served
 			}
 			release()
 			require.NoError(t, waitResult(t, done, "Allocate"))
@@ -484,8 +533,7 @@ func hangCases() []faultCase {
 			cancel()
 			err := waitResult(t, done, "GetDeviceRunContainerOptions")
 			require.ErrorIs(t, err, devicemanager.ErrPluginCall)
-			assert.Equal(t, codes.Canceled, status.Code(err))
-			return 2
+			seen.saw(kindHang, assert.Equal(t, codes.Canceled, status.Code(err)))
 		},
 	}}
 }
@@ -498,25 +546,24 @@ func answerCases() []faultCase {
 	return []faultCase{{
 		// All or nothing: the gpu, allocated first (resources go in name
 		// order), is rolled back when the nic's answer is refused.
-		name: "Allocate answers no container response", kind: kindAnswer, opts: requireGPU,
-		run: func(t *testing.T, r *rig) int {
+		name: "Allocate answers no container response", kind: kindRefused, opts: requireGPU,
+		run: func(t *testing.T, r *rig, seen observed) {
 			gpu := r.register(r.plugin(resGPU, "gpu.sock", healthyDevices("d", 4)))
 			nic := r.register(r.plugin(resNIC, "nic.sock", healthyDevices("n", 2)))
 			nic.SetAllocateFunc(func(context.Context, *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
 				return &pluginapi.AllocateResponse{}, nil
 			})
 			pod := podOf("p", resGPU, 2, resNIC, 1)
-			assertRefused(t, r, pod, r.admit(pod), devicemanager.ErrPluginCall,
-				"device plugin Allocate rpc for "+resNIC+" failed: no containers return in allocation response")
+			seen.saw(kindRefused, assertRefused(t, r, pod, r.admit(pod), devicemanager.ErrPluginCall,
+				"device plugin Allocate rpc for "+resNIC+" failed: no containers return in allocation response"))
 			assert.Len(t, gpu.CallsOf(plugintest.MethodAllocate), 1)
 			nic.SetAllocateFunc(nil)
 			requireAllFree(t, r, "all", resGPU, 4, resNIC, 2)
-			return 1
 		},
 	}, {
 		// Tolerated: the first response is the container's, the rest ignored.
-		name: "Allocate answers more container responses than asked", kind: kindAnswer, opts: requireGPU,
-		run: func(t *testing.T, r *rig) int {
+		name: "Allocate answers more container responses than asked", kind: kindRead, opts: requireGPU,
+		run: func(t *testing.T, r *rig, seen observed) {
 			p := r.register(r.plugin(resGPU, "gpu.sock", healthyDevices("d", 4)))
 			p.SetAllocateFunc(func(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
 				resp := p.DefaultAllocate(req)
@@ -533,30 +580,29 @@ func answerCases() []faultCase {
 			opts, err := r.m.GetDeviceRunContainerOptions(context.Background(), pod, &pod.Spec.Containers[0])
 			require.NoError(t, err)
 			require.NotNil(t, opts)
-			assert.Len(t, opts.Devices, 2, "the first response's devices only")
+			ok := assert.Len(t, opts.Devices, 2, "the first response's devices only")
 			for _, e := range opts.Envs {
-				assert.NotEqual(t, "EXTRA", e.Name)
+				ok = assert.NotEqual(t, "EXTRA", e.Name) && ok
 			}
-			return 1
+			seen.saw(kindRead, ok)
 		},
 	}, {
-		name: "Allocate fails", kind: kindAnswer, opts: requireGPU,
-		run: func(t *testing.T, r *rig) int {
+		name: "Allocate fails", kind: kindRefused, opts: requireGPU,
+		run: func(t *testing.T, r *rig, seen observed) {
 			p := r.register(r.plugin(resGPU, "gpu.sock", healthyDevices("d", 4)))
 			p.SetError(plugintest.MethodAllocate, status.Error(codes.Internal, "card on fire"))
 			pod := podOf("p", resGPU, 3)
 			err := r.admit(pod)
-			assertRefused(t, r, pod, err, devicemanager.ErrPluginCall,
-				"device plugin Allocate rpc for "+resGPU+" failed: rpc error: code = Internal desc = card on fire")
+			seen.saw(kindRefused, assertRefused(t, r, pod, err, devicemanager.ErrPluginCall,
+				"device plugin Allocate rpc for "+resGPU+" failed: rpc error: code = Internal desc = card on fire"))
 			assert.Equal(t, codes.Internal, status.Code(err))
 			p.SetError(plugintest.MethodAllocate, nil)
 			requireAllFree(t, r, "all", resGPU, 4)
-			return 1
 		},
 	}, {
 		// Tolerated: preferred IDs that are not candidates are ignored.
-		name: "GetPreferredAllocation names devices never advertised", kind: kindAnswer, opts: requireGPU,
-		run: func(t *testing.T, r *rig) int {
+		name: "GetPreferredAllocation names devices never advertised", kind: kindRead, opts: requireGPU,
+		run: func(t *testing.T, r *rig, seen observed) {
 			p := r.register(r.plugin(resGPU, "gpu.sock", healthyDevices("d", 4), withPreferred))
 			p.SetPreferredAllocationFunc(func(context.Context, *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
 				return &pluginapi.PreferredAllocationResponse{ContainerResponses: []*pluginapi.ContainerPreferredAllocationResponse{
@@ -567,15 +613,14 @@ func answerCases() []faultCase {
 			require.NoError(t, r.admit(pod))
 			held := r.held(pod, resGPU)
 			assert.Len(t, held, 2)
-			assert.Contains(t, held, "d3", "the one advertised preferred device")
+			seen.saw(kindRead, assert.Contains(t, held, "d3", "the one advertised preferred device"))
 			assert.Subset(t, []string{"d0", "d1", "d2", "d3"}, held)
 			assert.Equal(t, [][]string{held}, allocateRequests(t, p))
 			require.NoError(t, r.admit(podOf("q", resGPU, 2)), "the other two")
-			return 1
 		},
 	}, {
-		name: "GetPreferredAllocation answers more devices than asked", kind: kindAnswer, opts: requireGPU,
-		run: func(t *testing.T, r *rig) int {
+		name: "GetPreferredAllocation answers more devices than asked", kind: kindRead, opts: requireGPU,
+		run: func(t *testing.T, r *rig, seen observed) {
 			p := r.register(r.plugin(resGPU, "gpu.sock", healthyDevices("d", 4), withPreferred))
 			p.SetPreferredAllocationFunc(func(_ context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
 				all := slices.Clone(req.ContainerRequests[0].AvailableDeviceIDs)
@@ -586,25 +631,25 @@ func answerCases() []faultCase {
 			})
 			pod := podOf("p", resGPU, 1)
 			require.NoError(t, r.admit(pod))
-			assert.Equal(t, []string{"d3"}, r.held(pod, resGPU), "the first preferred device, and only one")
+			seen.saw(kindRead, assert.Equal(t, []string{"d3"}, r.held(pod, resGPU), "the first preferred device, and only one"))
 			assert.Equal(t, [][]string{{"d3"}}, allocateRequests(t, p))
-			return 1
 		},
 	}, {
-		name: "GetPreferredAllocation fails", kind: kindAnswer, opts: requireGPU,
-		run: func(t *testing.T, r *rig) int {
+		name: "GetPreferredAllocation fails", kind: kindRefused, opts: withMetrics(requireGPU),
+		run: func(t *testing.T, r *rig, seen observed) {
 			p := r.register(r.plugin(resGPU, "gpu.sock", healthyDevices("d", 4), withPreferred))
 			p.SetError(plugintest.MethodGetPreferredAllocation, status.Error(codes.Unavailable, "thinking"))
 			pod := podOf("p", resGPU, 2)
 			require.NoError(t, r.admit(pod), "no preference: the manager picks")
 			assert.Len(t, r.held(pod, resGPU), 2)
 			assert.Len(t, p.CallsOf(plugintest.MethodAllocate), 1)
-			return 1
+			seen.saw(kindRefused, assert.Equal(t, 1, rpcErrors(t, r, resGPU, plugintest.MethodGetPreferredAllocation),
+				"the manager counts the failed call"))
 		},
 	}, {
 		// Tolerated: the last entry of an ID wins; capacity counts IDs.
-		name: "ListAndWatch lists duplicate device IDs", kind: kindAnswer, opts: requireGPU,
-		run: func(t *testing.T, r *rig) int {
+		name: "ListAndWatch lists duplicate device IDs", kind: kindRead, opts: requireGPU,
+		run: func(t *testing.T, r *rig, seen observed) {
 			devs := []*pluginapi.Device{
 				device("d0", pluginapi.Healthy), device("d1", pluginapi.Healthy), device("d0", pluginapi.Unhealthy),
 				device("d2", pluginapi.Healthy), device("d2", pluginapi.Healthy), device("d1", pluginapi.Healthy),
@@ -612,35 +657,33 @@ func answerCases() []faultCase {
 			p := r.plugin(resGPU, "gpu.sock", devs)
 			require.NoError(t, p.Register(r.kubeletSocket()))
 			r.waitCapacity(resGPU, 3, 2)
-			assert.Equal(t, []string{"d1", "d2"}, ids(r.m.GetAllocatableDevices()[resGPU]))
+			seen.saw(kindRead, assert.Equal(t, []string{"d1", "d2"}, ids(r.m.GetAllocatableDevices()[resGPU])))
 			pod := podOf("p", resGPU, 2)
 			require.NoError(t, r.admit(pod))
 			assert.Equal(t, []string{"d1", "d2"}, r.held(pod, resGPU))
 			late := podOf("late", resGPU, 1)
 			assertRefused(t, r, late, r.admit(late), devicemanager.ErrInsufficientDevices,
 				"requested number of devices unavailable for "+resGPU+". Requested: 1, Available: 0")
-			return 1
 		},
 	}, {
 		// Tolerated: "" is an ID like any other.
-		name: "ListAndWatch lists an empty device ID", kind: kindAnswer, opts: requireGPU,
-		run: func(t *testing.T, r *rig) int {
+		name: "ListAndWatch lists an empty device ID", kind: kindRead, opts: requireGPU,
+		run: func(t *testing.T, r *rig, seen observed) {
 			p := r.register(r.plugin(resGPU, "gpu.sock", []*pluginapi.Device{
 				device("", pluginapi.Healthy), device("d1", pluginapi.Healthy),
 			}))
 			pod := podOf("p", resGPU, 2)
 			require.NoError(t, r.admit(pod))
-			assert.Equal(t, []string{"", "d1"}, r.held(pod, resGPU))
+			seen.saw(kindRead, assert.Equal(t, []string{"", "d1"}, r.held(pod, resGPU)))
 			assert.Equal(t, [][]string{{"", "d1"}}, allocateRequests(t, p))
-			return 1
 		},
 	}, {
 		// Tolerated: node ids outside 0..63 are in no NUMA mask, so hints
 		// and alignment ignore them; the record keeps them as reported, and
 		// the checkpoint carries them through a restart.
-		name: "ListAndWatch reports NUMA ids outside 0..63", kind: kindAnswer,
+		name: "ListAndWatch reports NUMA ids outside 0..63", kind: kindRead,
 		opts: func(o *devicemanager.Options) { requireGPU(o); o.NUMANodes = []int{0, 1} },
-		run: func(t *testing.T, r *rig) int {
+		run: func(t *testing.T, r *rig, seen observed) {
 			numa := map[string][]int64{
 				"d0": {-5}, "d1": {64}, "d2": {0, 99}, "d3": {1 << 40}, "d4": {-1}, "d5": {math.MinInt64}, "d6": {1}, "d7": {math.MaxInt64, 0},
 			}
@@ -683,16 +726,15 @@ func answerCases() []faultCase {
 			}
 			assert.Equal(t, []int64{math.MinInt64, -5, -1, 0, 1, 64, 99, 1 << 40, math.MaxInt64}, keys)
 			r.restart()
-			assert.Equal(t, view, r.m.GetDevices("all", "c")[resGPU], "restored from the checkpoint")
-			return 1
+			seen.saw(kindRead, assert.Equal(t, view, r.m.GetDevices("all", "c")[resGPU], "restored from the checkpoint"))
 		},
 	}, {
-		name: "first ListAndWatch message above MaxRecvMsgSize", kind: kindAnswer,
+		name: "first ListAndWatch message above MaxRecvMsgSize", kind: kindRefused,
 		opts: func(o *devicemanager.Options) { requireGPU(o); o.MaxRecvMsgSize = 4 << 10 },
-		run: func(t *testing.T, r *rig) int {
+		run: func(t *testing.T, r *rig, seen observed) {
 			p := r.plugin(resGPU, "gpu.sock", bigList(200))
 			require.NoError(t, p.Register(r.kubeletSocket()))
-			r.waitErrorLog("ListAndWatch ended unexpectedly", "ResourceExhausted", "larger than max")
+			seen.saw(kindRefused, r.waitErrorLog("ListAndWatch ended unexpectedly", "ResourceExhausted", "larger than max") != "")
 			ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 			defer cancel()
 			require.NoError(t, p.WaitForStreams(ctx, 0), "the manager ended the stream")
@@ -704,18 +746,17 @@ func answerCases() []faultCase {
 			p.Update(healthyDevices("d", 4))
 			r.register(p)
 			requireAllFree(t, r, "all", resGPU, 4)
-			return 1
 		},
 	}, {
-		name: "later ListAndWatch message above MaxRecvMsgSize", kind: kindAnswer,
+		name: "later ListAndWatch message above MaxRecvMsgSize", kind: kindRefused,
 		opts: func(o *devicemanager.Options) { requireGPU(o); o.MaxRecvMsgSize = 4 << 10 },
-		run: func(t *testing.T, r *rig) int {
+		run: func(t *testing.T, r *rig, seen observed) {
 			p := r.register(r.plugin(resGPU, "gpu.sock", healthyDevices("d", 4)))
 			a := podOf("a", resGPU, 2)
 			require.NoError(t, r.admit(a))
 			held := r.held(a, resGPU)
 			p.Update(bigList(200))
-			r.waitErrorLog("ListAndWatch ended unexpectedly", "ResourceExhausted")
+			seen.saw(kindRefused, r.waitErrorLog("ListAndWatch ended unexpectedly", "ResourceExhausted") != "")
 			r.waitCapacity(resGPU, 4, 0)
 			b := podOf("b", resGPU, 1)
 			assertRefused(t, r, b, r.admit(b), devicemanager.ErrNoHealthyDevices,
@@ -729,35 +770,33 @@ func answerCases() []faultCase {
 			for _, id := range r.held(rest, resGPU) {
 				assert.NotContains(t, held, id)
 			}
-			return 1
 		},
 	}, {
 		// Tolerated, as the kubelet reads it: only the exact string
 		// "Healthy" is healthy; every other string is unhealthy.
-		name: "ListAndWatch reports health strings other than Healthy and Unhealthy", kind: kindAnswer, opts: requireGPU,
-		run: func(t *testing.T, r *rig) int {
+		name: "ListAndWatch reports health strings other than Healthy and Unhealthy", kind: kindRead, opts: requireGPU,
+		run: func(t *testing.T, r *rig, seen observed) {
 			p := r.plugin(resGPU, "gpu.sock", []*pluginapi.Device{
 				device("d0", pluginapi.Healthy), device("d1", "healthy"), device("d2", ""), device("d3", "UNHEALTHY"),
 				device("d4", "Sick"), device("d5", "Healthy "), device("d6", "\x00"), device("d7", "Healthy\n"),
 			})
 			require.NoError(t, p.Register(r.kubeletSocket()))
 			r.waitCapacity(resGPU, 8, 1)
-			assert.Equal(t, []string{"d0"}, ids(r.m.GetAllocatableDevices()[resGPU]))
+			seen.saw(kindRead, assert.Equal(t, []string{"d0"}, ids(r.m.GetAllocatableDevices()[resGPU])))
 			two := podOf("two", resGPU, 2)
 			assertRefused(t, r, two, r.admit(two), devicemanager.ErrInsufficientDevices,
 				"requested number of devices unavailable for "+resGPU+". Requested: 2, Available: 1")
 			one := podOf("one", resGPU, 1)
 			require.NoError(t, r.admit(one))
 			assert.Equal(t, []string{"d0"}, r.held(one, resGPU))
-			return 1
 		},
 	}, {
-		name: "ListAndWatch fails when opened", kind: kindAnswer, opts: requireGPU,
-		run: func(t *testing.T, r *rig) int {
+		name: "ListAndWatch fails when opened", kind: kindRefused, opts: requireGPU,
+		run: func(t *testing.T, r *rig, seen observed) {
 			p := r.plugin(resGPU, "gpu.sock", healthyDevices("d", 4))
 			p.SetError(plugintest.MethodListAndWatch, status.Error(codes.Unavailable, "still probing"))
 			require.NoError(t, p.Register(r.kubeletSocket()), "the stream opens after Register returns")
-			r.waitErrorLog("ListAndWatch ended unexpectedly", "still probing")
+			seen.saw(kindRefused, r.waitErrorLog("ListAndWatch ended unexpectedly", "still probing") != "")
 			c, _ := r.capacity(resGPU)
 			assert.Equal(t, int64(-1), c, "not registered")
 			pod := podOf("p", resGPU, 1)
@@ -765,44 +804,42 @@ func answerCases() []faultCase {
 			p.SetError(plugintest.MethodListAndWatch, nil)
 			r.register(p)
 			requireAllFree(t, r, "all", resGPU, 4)
-			return 1
 		},
 	}, {
 		// A stream that ends cleanly is a plugin gone, as a crash is.
-		name: "ListAndWatch stream ends with OK", kind: kindAnswer, opts: requireGPU,
-		run: func(t *testing.T, r *rig) int {
+		name: "ListAndWatch stream ends with OK", kind: kindRead, opts: requireGPU,
+		run: func(t *testing.T, r *rig, seen observed) {
 			p := r.register(r.plugin(resGPU, "gpu.sock", healthyDevices("d", 4)))
 			a := podOf("a", resGPU, 1)
 			require.NoError(t, r.admit(a))
 			p.CloseStreams()
 			r.waitCapacity(resGPU, 4, 0)
 			b := podOf("b", resGPU, 1)
-			assertRefused(t, r, b, r.admit(b), devicemanager.ErrNoHealthyDevices,
-				"no healthy devices present; cannot allocate unhealthy devices "+resGPU)
+			seen.saw(kindRead, assertRefused(t, r, b, r.admit(b), devicemanager.ErrNoHealthyDevices,
+				"no healthy devices present; cannot allocate unhealthy devices "+resGPU))
 			r.register(p)
 			requireAllFree(t, r, "rest", resGPU, 3)
-			return 1
 		},
 	}, {
-		name: "GetDevicePluginOptions fails", kind: kindAnswer, opts: requireGPU,
-		run: func(t *testing.T, r *rig) int {
+		name: "GetDevicePluginOptions fails", kind: kindRefused, opts: requireGPU,
+		run: func(t *testing.T, r *rig, seen observed) {
 			p := r.plugin(resGPU, "gpu.sock", healthyDevices("d", 4))
 			p.SetError(plugintest.MethodGetDevicePluginOptions, status.Error(codes.Internal, "no options today"))
 			err := r.registerWith(p, p.RegisterRequest())
 			require.Error(t, err)
 			assert.Equal(t, codes.Unknown, status.Code(err))
-			assert.Contains(t, err.Error(), "failed to get device plugin options: "+p.SocketPath()+": rpc error: code = Internal desc = no options today")
+			seen.saw(kindRefused, assert.Contains(t, err.Error(),
+				"failed to get device plugin options: "+p.SocketPath()+": rpc error: code = Internal desc = no options today"))
 			c, _ := r.capacity(resGPU)
 			assert.Equal(t, int64(-1), c, "not registered")
 			assert.Zero(t, p.Streams())
 			p.SetError(plugintest.MethodGetDevicePluginOptions, nil)
 			r.register(p)
 			requireAllFree(t, r, "all", resGPU, 4)
-			return 1
 		},
 	}, {
-		name: "PreStartContainer fails", kind: kindAnswer, opts: requireGPU,
-		run: func(t *testing.T, r *rig) int {
+		name: "PreStartContainer fails", kind: kindRefused, opts: requireGPU,
+		run: func(t *testing.T, r *rig, seen observed) {
 			p := r.register(r.plugin(resGPU, "gpu.sock", healthyDevices("d", 4), withPreStart))
 			a := podOf("a", resGPU, 2)
 			require.NoError(t, r.admit(a))
@@ -810,14 +847,14 @@ func answerCases() []faultCase {
 			p.SetError(plugintest.MethodPreStartContainer, status.Error(codes.FailedPrecondition, "device busy"))
 			_, err := r.m.GetDeviceRunContainerOptions(context.Background(), a, &a.Spec.Containers[0])
 			require.ErrorIs(t, err, devicemanager.ErrPluginCall)
-			require.EqualError(t, err, "device plugin PreStartContainer rpc failed with err: rpc error: code = FailedPrecondition desc = device busy")
+			seen.saw(kindRefused, assert.EqualError(t, err,
+				"device plugin PreStartContainer rpc failed with err: rpc error: code = FailedPrecondition desc = device busy"))
 			assert.Equal(t, held, r.held(a, resGPU), "the admission stands")
 			p.SetError(plugintest.MethodPreStartContainer, nil)
 			opts, err := r.m.GetDeviceRunContainerOptions(context.Background(), a, &a.Spec.Containers[0])
 			require.NoError(t, err)
 			require.NotNil(t, opts)
 			assert.Len(t, opts.Devices, 2)
-			return 1
 		},
 	}}
 }

@@ -25,6 +25,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -594,6 +595,36 @@ func (l *leakCheck) verify(t testing.TB) (fds, goroutines int) {
 	return fds, goroutines
 }
 
+// metricCount returns, from the metric family name gathered from g, the
+// series whose labels include every one of labels: a histogram's number of
+// samples, or a counter's value; 0 when there is no such series.
+func metricCount(t testing.TB, g prometheus.Gatherer, name string, labels map[string]string) int {
+	t.Helper()
+	families, err := g.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			matched := 0
+			for _, l := range m.GetLabel() {
+				if v, ok := labels[l.GetName()]; ok && v == l.GetValue() {
+					matched++
+				}
+			}
+			if matched < len(labels) {
+				continue
+			}
+			if h := m.GetHistogram(); h != nil {
+				return int(h.GetSampleCount())
+			}
+			return int(m.GetCounter().GetValue())
+		}
+	}
+	return 0
+}
+
 // waitTick waits one polling interval: the pace of a loop that waits for a
 // condition with a deadline.
 func waitTick() {
@@ -911,6 +942,16 @@ func (c *pluginChild) kill() {
 	<-c.readerDone
 	_ = c.stdin.Close()
 	_ = c.cmd.Wait()
+}
+
+// killedBy reports whether the child ended by signal sig, as its process
+// state says. Call it after kill or stop returned, from the same goroutine.
+func (c *pluginChild) killedBy(sig syscall.Signal) bool {
+	if c.cmd.ProcessState == nil {
+		return false
+	}
+	ws, ok := c.cmd.ProcessState.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == sig
 }
 
 // stop closes the child's stdin, so that it stops its plugin and exits, and

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"go.uber.org/goleak"
 )
 
@@ -50,24 +51,33 @@ func TestMain(m *testing.M) {
 }
 
 // Figures is what one category of the suite reports: cases tried, faults
-// injected, kills survived, and allocations lost or doubled (must be 0).
+// injected and kills survived (each counted when the test saw it happen),
+// and allocations lost or doubled (must be 0).
+// Details are results; Checks says, for a detail recorded with exact or
+// atLeast (figures_test.go), what the test asserted of it; Params are the
+// settings the run used (a seed, a deadline), not results.
 type Figures struct {
-	Category string         `json:"category"`
-	Cases    int            `json:"cases"`
-	Faults   int            `json:"faults,omitempty"`
-	Kills    int            `json:"kills,omitempty"`
-	Lost     int            `json:"lost"`
-	Doubled  int            `json:"doubled"`
-	Details  map[string]any `json:"details,omitempty"`
-	Elapsed  string         `json:"elapsed"`
-	When     time.Time      `json:"when"`
+	Category string            `json:"category"`
+	Cases    int               `json:"cases"`
+	Faults   int               `json:"faults,omitempty"`
+	Kills    int               `json:"kills,omitempty"`
+	Lost     int               `json:"lost"`
+	Doubled  int               `json:"doubled"`
+	Details  map[string]any    `json:"details,omitempty"`
+	Checks   map[string]string `json:"checks,omitempty"`
+	Params   map[string]any    `json:"params,omitempty"`
+	Elapsed  string            `json:"elapsed"`
+	When     time.Time         `json:"when"`
 }
 
 var reportMu sync.Mutex
 
-// record appends f to the -report file (when set) and logs it.
+// record appends f to the -report file (when set) and logs it. Lost and
+// doubled must be 0: record asserts it.
 func record(t *testing.T, f Figures) {
 	t.Helper()
+	assert.Zero(t, f.Lost, "%s: allocations lost", f.Category)
+	assert.Zero(t, f.Doubled, "%s: devices doubled", f.Category)
 	f.When = time.Now().UTC()
 	b, err := json.Marshal(f)
 	if err != nil {

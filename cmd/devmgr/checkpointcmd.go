@@ -59,7 +59,8 @@ checksum verifies.
 
 A file whose checksum does not verify is still shown, with the checksum
 error; the command then exits 0, since the content was read (use "verify" to
-check). A file that cannot be read or decoded makes it exit 1.
+check). A file that is not there makes it exit 4, one that does not decode
+exit 3, one that cannot be read exit 1.
 
 --json prints one document:
   {"format","checksumOK","error","entries":[{"podUID","containerName",
@@ -98,10 +99,12 @@ func newCheckpointVerifyCmd() *cobra.Command {
 		Long: `Check a kubelet_internal_checkpoint the way the kubelet does when it starts:
 the file must decode and its checksum must match its content.
 
-Prints "ok" with the format and exits 0 when the checkpoint is valid. Otherwise
-prints the reason on stderr and exits 1: "checkpoint is corrupted: expected X,
-actual Y" (X is the checksum stored in the file, Y the checksum of its
-content), the JSON decoding error, or "checkpoint is not found".`,
+Prints "ok" with the format and exits 0 when the checkpoint is valid.
+Otherwise it prints the reason on stderr and exits 3 when the file is corrupt
+("checkpoint is corrupted: expected X, actual Y", where X is the checksum
+stored in the file and Y the checksum of its content, or the JSON decoding
+error), 4 when there is no file ("checkpoint is not found"), 1 when it cannot
+be read.`,
 		Example: `  devmgr checkpoint verify /var/lib/kubelet/device-plugins/kubelet_internal_checkpoint
   devmgr checkpoint verify ./backup/kubelet_internal_checkpoint && cp ./backup/kubelet_internal_checkpoint /var/lib/kubelet/device-plugins/`,
 		Args: cobra.ExactArgs(1),
@@ -151,12 +154,21 @@ type checkpointEntry struct {
 // checksum. The report is never nil: it holds what could be read. The error,
 // prefixed with the path, says why the file is not a valid checkpoint:
 // checkpoint.ErrNotFound, a *checkpoint.DecodeError, a *checkpoint.CorruptError
-// or a read error.
+// or a read error; it carries the exit code of its class.
 func readCheckpointFile(path string) (*checkpointReport, error) {
 	rep := &checkpointReport{path: path, Entries: []checkpointEntry{}, RegisteredDevices: map[string][]string{}}
 	fail := func(err error) (*checkpointReport, error) {
 		rep.Error = err.Error()
-		return rep, fmt.Errorf("%s: %w", rep.path, err)
+		code := exitFailure
+		var de *checkpoint.DecodeError
+		var ce *checkpoint.CorruptError
+		switch {
+		case errors.Is(err, checkpoint.ErrNotFound):
+			code = exitNotFound
+		case errors.As(err, &de), errors.As(err, &ce):
+			code = exitRefused
+		}
+		return rep, &exitError{code: code, err: fmt.Errorf("%s: %w", rep.path, err)}
 	}
 	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
 		rep.path = filepath.Join(path, checkpoint.DeviceManagerKey)

@@ -41,19 +41,19 @@ func TestCheckpointVerify(t *testing.T) {
 		{name: "any file name", path: renamed, stdout: "ok: " + renamed + " (format current"},
 		{name: "a directory", path: filepath.Dir(fixture("sample")), stdout: "ok: " + fixture("sample") + " (format current"},
 		{
-			name: "corrupt", path: fixture("corrupt"), exitCode: 1,
+			name: "corrupt", path: fixture("corrupt"), exitCode: 3,
 			stderr: "devmgr: " + fixture("corrupt") + ": checkpoint is corrupted: expected 648430461, actual 648430460\n",
 		},
 		{
-			name: "pre-1.20 with a bad checksum", path: fixture("legacy-v1"), exitCode: 1,
+			name: "pre-1.20 with a bad checksum", path: fixture("legacy-v1"), exitCode: 3,
 			stderr: "devmgr: " + fixture("legacy-v1") + ": checkpoint is corrupted: expected 1, actual 4073806608\n",
 		},
 		{
-			name: "bad JSON", path: fixture("badjson"), exitCode: 1,
+			name: "bad JSON", path: fixture("badjson"), exitCode: 3,
 			stderr: "devmgr: " + fixture("badjson") + ": decode checkpoint: unexpected end of JSON input\n",
 		},
 		{
-			name: "missing", path: missing, exitCode: 1,
+			name: "missing", path: missing, exitCode: 4,
 			stderr: "devmgr: " + missing + ": checkpoint is not found\n",
 		},
 	} {
@@ -82,7 +82,7 @@ func TestCheckpointCommandArgs(t *testing.T) {
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			res := runDevmgrBinary(t, nil, tc.args...)
-			assert.Equal(t, 1, res.exitCode)
+			assert.Equal(t, 2, res.exitCode, "a usage error")
 			assert.Equal(t, tc.want, res.stderr)
 		})
 	}
@@ -177,7 +177,7 @@ func TestCheckpointInspectJSON(t *testing.T) {
 			"registeredDevices": {"example.com/dev": ["dev-0", "dev-1", "dev-2"]}}`},
 		{name: "empty", want: `{"format": "current", "checksumOK": true, "error": "", "entries": [], "registeredDevices": {}}`},
 		{
-			name: "badjson", exitCode: 1,
+			name: "badjson", exitCode: 3,
 			stderr: "devmgr: " + fixture("badjson") + ": decode checkpoint: unexpected end of JSON input\n",
 			want:   `{"format": "", "checksumOK": false, "error": "decode checkpoint: unexpected end of JSON input", "entries": [], "registeredDevices": {}}`,
 		},

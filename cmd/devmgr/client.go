@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/url"
@@ -17,6 +18,10 @@ import (
 	"github.com/spf13/cobra"
 )
 
+// envControlSocket names the environment variable that gives the client
+// commands their control socket when --control-socket is absent.
+const envControlSocket = "DEVMGR_CONTROL_SOCKET"
+
 // clientOptions are the flags every client command shares.
 type clientOptions struct {
 	controlSocket string
@@ -26,18 +31,24 @@ type clientOptions struct {
 
 func (o *clientOptions) addFlags(cmd *cobra.Command) {
 	f := cmd.Flags()
-	f.StringVar(&o.controlSocket, "control-socket", "", `the control socket of a running "devmgr serve"`)
+	f.StringVar(&o.controlSocket, "control-socket", "", `the control socket of a running "devmgr serve" (default: $`+envControlSocket+`)`)
 	f.BoolVar(&o.json, "json", false, "print the server's JSON answer as is")
 	f.DurationVar(&o.timeout, "timeout", time.Minute, "give up waiting for the server after this long")
-	if err := cmd.MarkFlagRequired("control-socket"); err != nil {
-		panic(err) // defined above
+	cmd.PreRunE = func(cmd *cobra.Command, _ []string) error {
+		if !cmd.Flags().Changed("control-socket") {
+			o.controlSocket = os.Getenv(envControlSocket)
+		}
+		if o.controlSocket == "" {
+			return &exitError{code: exitUsage, err: errors.New("no control socket: set --control-socket or $" + envControlSocket)}
+		}
+		return nil
 	}
 }
 
 func newStatusCmd() *cobra.Command {
 	o := &clientOptions{}
 	cmd := &cobra.Command{
-		Use:   "status --control-socket PATH",
+		Use:   "status [--control-socket PATH]",
 		Short: `Show the resources, devices and plugins of a running "devmgr serve"`,
 		Long: `status shows every resource a device plugin registered (or the checkpoint
 restored): capacity (all devices), allocatable (healthy devices), allocated
@@ -64,7 +75,7 @@ health and NUMA nodes, then each plugin endpoint with its options.`,
 func newPodsCmd() *cobra.Command {
 	o := &clientOptions{}
 	cmd := &cobra.Command{
-		Use:   "pods --control-socket PATH",
+		Use:   "pods [--control-socket PATH]",
 		Short: `List the pods admitted by a running "devmgr serve" and their devices`,
 		Long: `pods lists the admitted pods, in admission order, with the devices each
 container holds.`,
@@ -90,7 +101,7 @@ func newAdmitCmd() *cobra.Command {
 	o := &clientOptions{}
 	var file string
 	cmd := &cobra.Command{
-		Use:   "admit --control-socket PATH -f FILE",
+		Use:   "admit [--control-socket PATH] -f FILE",
 		Short: `Admit a pod: allocate devices to its containers, as the kubelet does`,
 		Long: `admit sends a Pod (JSON or YAML; "-f -" reads it from standard input) to a
 running "devmgr serve", which allocates devices to every init container, then
@@ -102,7 +113,7 @@ annotations and CDI devices.
 A pod without metadata.uid gets a generated one, printed here. Admitting an
 admitted pod again gives the same answer. When a container cannot get its
 devices, the pod holds nothing, the error keeps the kubelet's wording, and
-admit exits non-zero.
+admit exits 3 (1 when a plugin call failed).
 
 Extended resources that no plugin registered are ignored, as by the kubelet
 (admission succeeds without devices), unless "devmgr serve --require-plugin"
@@ -148,10 +159,10 @@ names them.`,
 func newReleaseCmd() *cobra.Command {
 	o := &clientOptions{}
 	cmd := &cobra.Command{
-		Use:   "release --control-socket PATH UID",
+		Use:   "release [--control-socket PATH] UID",
 		Short: "Release a pod: free its devices, as when the kubelet removes it",
 		Long: `release forgets an admitted pod and frees the devices of its containers.
-It exits non-zero when no admitted pod has that UID.`,
+It exits 4 when no admitted pod has that UID.`,
 		Example: `  devmgr release --control-socket /tmp/dp-ctl.sock train-1
 
   # Release every admitted pod:
@@ -184,11 +195,13 @@ func readPodFile(name string, stdin io.Reader) ([]byte, error) {
 	} else {
 		body, err = os.ReadFile(name)
 	}
-	if err != nil {
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, &exitError{code: exitNotFound, err: fmt.Errorf("read the pod: %w", err)}
+	case err != nil:
 		return nil, fmt.Errorf("read the pod: %w", err)
-	}
-	if len(bytes.TrimSpace(body)) == 0 {
-		return nil, fmt.Errorf("read the pod: %s is empty", name)
+	case len(bytes.TrimSpace(body)) == 0:
+		return nil, &exitError{code: exitRefused, err: fmt.Errorf("read the pod: %s is empty", name)}
 	}
 	return body, nil
 }
@@ -217,11 +230,17 @@ func (o *clientOptions) call(cmd *cobra.Command, method, path string, body []byt
 	}
 	resp, err := (&http.Client{Transport: transport}).Do(req)
 	if err != nil {
-		if errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("no answer from devmgr serve on %s within %s", o.controlSocket, o.timeout)
+		// Nothing was sent when the dial failed; after it, serve may have
+		// acted on the request.
+		code := exitFailure
+		if oe := (*net.OpError)(nil); errors.As(err, &oe) && oe.Op == "dial" {
+			code = exitNotFound
 		}
-		return fmt.Errorf("cannot reach devmgr serve on %s (is \"devmgr serve --control-socket %s\" running?): %w",
-			o.controlSocket, o.controlSocket, unwrapURLError(err))
+		if errors.Is(err, context.DeadlineExceeded) {
+			return &exitError{code: code, err: fmt.Errorf("no answer from devmgr serve on %s within %s", o.controlSocket, o.timeout)}
+		}
+		return &exitError{code: code, err: fmt.Errorf("cannot reach devmgr serve on %s (is \"devmgr serve --control-socket %s\" running?): %w",
+			o.controlSocket, o.controlSocket, unwrapURLError(err))}
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(resp.Body)
@@ -243,17 +262,25 @@ func (o *clientOptions) call(cmd *cobra.Command, method, path string, body []byt
 }
 
 // answerError turns an error answer into an error: the server's message,
-// the container it names, and the HTTP status.
+// the container it names, and the HTTP status. Its exit code follows the
+// status: a refusal (409, 422), not found (404), or any other failure.
 func answerError(resp *http.Response, raw []byte) error {
+	code := exitFailure
+	switch resp.StatusCode {
+	case http.StatusConflict, http.StatusUnprocessableEntity:
+		code = exitRefused
+	case http.StatusNotFound:
+		code = exitNotFound
+	}
 	var e errorResponse
 	if err := json.Unmarshal(raw, &e); err != nil || e.Error == "" {
-		return fmt.Errorf("devmgr serve answered %s: %s", resp.Status, strings.TrimSpace(string(raw)))
+		return &exitError{code: code, err: fmt.Errorf("devmgr serve answered %s: %s", resp.Status, strings.TrimSpace(string(raw)))}
 	}
 	msg := e.Error
 	if e.Container != "" {
 		msg = fmt.Sprintf("container %q: %s", e.Container, msg)
 	}
-	return fmt.Errorf("%s (%s)", msg, resp.Status)
+	return &exitError{code: code, err: fmt.Errorf("%s (%s)", msg, resp.Status)}
 }
 
 // unwrapURLError drops the "Post \"http://devmgr/v1/pods\":" prefix, which

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -24,10 +26,12 @@ import (
 	"github.com/openkubelet/devmgr/plugintest"
 )
 
-// controlHarness serves the control API in process, over httptest, for a
-// real manager in a temporary directory with one plugin of example.com/gpu.
+// controlHarness serves the control API in process, over httptest and on
+// the unix socket sock, for a real manager in a temporary directory with one
+// plugin of example.com/gpu.
 type controlHarness struct {
 	dir        string
+	sock       string
 	mgr        *devicemanager.ManagerImpl
 	node       *node.Node
 	plugin     *plugintest.Plugin
@@ -70,6 +74,20 @@ func newControlHarness(t *testing.T, devices []*pluginapi.Device, opts ...func(*
 	srv := httptest.NewServer(cs.handler())
 	t.Cleanup(srv.Close)
 	h.api = newAPIClient(t, srv.URL)
+
+	h.sock = filepath.Join(h.dir, "ctl.sock")
+	l, err := net.Listen("unix", h.sock)
+	require.NoError(t, err)
+	unix := &http.Server{Handler: cs.handler(), ReadHeaderTimeout: time.Minute}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		assert.ErrorIs(t, unix.Serve(l), http.ErrServerClosed)
+	}()
+	t.Cleanup(func() {
+		assert.NoError(t, unix.Close())
+		<-done
+	})
 	return h
 }
 

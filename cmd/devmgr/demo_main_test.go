@@ -36,6 +36,9 @@ func testMain(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "go build devmgr: %v\n%s", err, out)
 		return 1
 	}
+	// The client commands read it when --control-socket is absent; the
+	// tests that want it set it themselves.
+	_ = os.Unsetenv(envControlSocket)
 	if _, set := os.LookupEnv("GORACE"); !set {
 		// The race runtime sleeps a second at exit, for goroutines still
 		// running to report; the commands stop theirs before exiting.

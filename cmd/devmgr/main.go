@@ -4,19 +4,62 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/spf13/cobra"
 )
 
 func main() {
-	if err := newRootCmd().Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "devmgr:", err)
-		os.Exit(exitCode(err))
-	}
+	os.Exit(execute(context.Background(), os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
+
+// execute runs devmgr with args and returns its exit code; errors are
+// printed on stderr.
+func execute(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	root := newRootCmd()
+	root.SetArgs(args)
+	root.SetIn(stdin)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	if err := root.ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(stderr, "devmgr:", err)
+		return exitCode(err)
+	}
+	return exitOK
+}
+
+// Exit codes. The root command's help and README.md list them; a script
+// tells from them what went wrong without reading the message.
+const (
+	exitOK = 0
+	// exitFailure: any error not in a class below, such as a plugin call
+	// that failed, or an answer that did not come in time.
+	exitFailure = 1
+	// exitUsage: the command line is wrong (unknown command or flag, a bad
+	// flag value, a missing flag or argument), as by most Unix tools.
+	exitUsage = 2
+	// exitRefused: the input was refused, or is corrupt: serve refused the
+	// admission (an invalid pod, or devices it cannot give), or a checkpoint
+	// does not decode or its checksum does not match.
+	exitRefused = 3
+	// exitNotFound: what was named is not there: no admitted pod with that
+	// UID, no such file, or no devmgr serve answering on the control socket
+	// (nothing was sent).
+	exitNotFound = 4
+)
+
+const exitCodesHelp = `Exit codes:
+  0  success
+  1  any other error (a plugin call failed, no answer in time, ...)
+  2  usage: unknown command or flag, bad flag value, missing argument
+  3  refused or corrupt: serve refused the admission, or the checkpoint
+     does not verify
+  4  not found or unreachable: no such pod or file, or nothing serves the
+     control socket`
 
 func newRootCmd() *cobra.Command {
 	root := &cobra.Command{
@@ -27,13 +70,20 @@ func newRootCmd() *cobra.Command {
   devmgr demo                 see it work: plugins, pods, health, restart (no setup)
   devmgr serve                a standalone device manager / fake kubelet for plugin authors
   devmgr status|pods|admit|release   talk to a running "devmgr serve"
-  devmgr checkpoint inspect|verify   read and check a kubelet_internal_checkpoint`,
+  devmgr checkpoint inspect|verify   read and check a kubelet_internal_checkpoint
+  devmgr version              the version and VCS revision of this binary
+
+The commands that talk to "devmgr serve" find its control socket in
+--control-socket, or else in $` + envControlSocket + `.
+
+` + exitCodesHelp,
 		Example: `  # See devmgr work: two fake plugins, four pods, a health change, a restart.
   devmgr demo
 
   # A fake kubelet for your device plugin, and a pod admitted through it.
   devmgr serve --socket-dir /tmp/dp --control-socket /tmp/dp-ctl.sock &
-  devmgr admit --control-socket /tmp/dp-ctl.sock -f pod.yaml
+  export ` + envControlSocket + `=/tmp/dp-ctl.sock
+  devmgr admit -f pod.yaml
 
   # Check a node's checkpoint.
   devmgr checkpoint verify /var/lib/kubelet/device-plugins/kubelet_internal_checkpoint`,
@@ -45,7 +95,9 @@ func newRootCmd() *cobra.Command {
 		newServeCmd(),
 		newStatusCmd(), newPodsCmd(), newAdmitCmd(), newReleaseCmd(),
 		newCheckpointCmd(),
+		newVersionCmd(),
 	)
+	classifyRunErrors(root)
 	return root
 }
 
@@ -58,10 +110,34 @@ type exitError struct {
 func (e *exitError) Error() string { return e.err.Error() }
 func (e *exitError) Unwrap() error { return e.err }
 
+// withExitCode gives err the exit code code, unless it already has one;
+// nil stays nil.
+func withExitCode(code int, err error) error {
+	var e *exitError
+	if err == nil || errors.As(err, &e) {
+		return err
+	}
+	return &exitError{code: code, err: err}
+}
+
+// classifyRunErrors makes every error a command's RunE returns carry an
+// exit code, exitFailure unless the command gave it another. An error
+// without one is then cobra's own: a command line it could not accept.
+func classifyRunErrors(cmd *cobra.Command) {
+	if run := cmd.RunE; run != nil {
+		cmd.RunE = func(c *cobra.Command, args []string) error {
+			return withExitCode(exitFailure, run(c, args))
+		}
+	}
+	for _, sub := range cmd.Commands() {
+		classifyRunErrors(sub)
+	}
+}
+
 func exitCode(err error) int {
 	var e *exitError
 	if errors.As(err, &e) {
 		return e.code
 	}
-	return 1
+	return exitUsage
 }

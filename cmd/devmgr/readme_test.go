@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -92,4 +93,26 @@ func TestReadmeCommandLines(t *testing.T) {
 	}
 	assert.GreaterOrEqual(t, parsed, 8)
 	assert.GreaterOrEqual(t, ran, 2)
+}
+
+// The README's table of exit codes lists the codes devmgr uses, in order.
+func TestReadmeExitCodes(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
+	require.NoError(t, err)
+	_, table, found := strings.Cut(string(b), "## Exit codes\n")
+	require.True(t, found, "README.md has an exit codes section")
+	var codes []string
+	for _, line := range strings.Split(table, "\n") {
+		if strings.HasPrefix(line, "| ") && !strings.HasPrefix(line, "| Code") {
+			codes = append(codes, strings.TrimSpace(strings.Split(line, "|")[1]))
+		}
+		if line == "" && len(codes) > 0 {
+			break
+		}
+	}
+	var want []string
+	for _, c := range []int{exitOK, exitFailure, exitUsage, exitRefused, exitNotFound} {
+		want = append(want, strconv.Itoa(c))
+	}
+	assert.Equal(t, want, codes)
 }

@@ -200,13 +200,14 @@ func newLogger(format string, v int, w io.Writer) (klog.Logger, error) {
 func runServe(ctx context.Context, o *serveOptions, logOut io.Writer) error {
 	logger, err := newLogger(o.logFormat, o.verbosity, logOut)
 	if err != nil {
-		return err
+		return &exitError{code: exitUsage, err: err}
 	}
 	// Code that logs through klog's global functions logs here too.
 	klog.SetLogger(logger)
+	// config checks the flags: each of its errors names the flag to change.
 	cfg, err := o.config("/")
 	if err != nil {
-		return err
+		return &exitError{code: exitUsage, err: err}
 	}
 	ctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()

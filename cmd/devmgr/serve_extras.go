@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/pflag"
+	"golang.org/x/time/rate"
 	"k8s.io/klog/v2"
 
 	"github.com/openkubelet/devmgr/devicemanager"
@@ -26,6 +27,8 @@ import (
 // manager on a node: the podresources API, metrics, the plugins registry.
 type extraOptions struct {
 	podresourcesSocket string
+	podresourcesQPS    float64
+	podresourcesBurst  int
 	metricsAddress     string
 	pluginsRegistryDir string
 	topologyPolicy     string
@@ -33,6 +36,8 @@ type extraOptions struct {
 
 func (o *extraOptions) addFlags(f *pflag.FlagSet) {
 	f.StringVar(&o.podresourcesSocket, "podresources-socket", "", "serve the kubelet's podresources v1 API (List, GetAllocatableResources, Get) for the admitted pods on this unix socket (default: not served; the kubelet uses /var/lib/kubelet/pod-resources/kubelet.sock)")
+	f.Float64Var(&o.podresourcesQPS, "podresources-qps", podresources.DefaultQPS, "podresources calls allowed per second, on average; calls over the limit fail with ResourceExhausted (0 or less: no limit)")
+	f.IntVar(&o.podresourcesBurst, "podresources-burst", podresources.DefaultBurst, "podresources calls allowed at once, above --podresources-qps")
 	f.StringVar(&o.metricsAddress, "metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, such as 127.0.0.1:9400 (port 0 picks a free port; the bound address is logged; default: not served)")
 	f.StringVar(&o.topologyPolicy, "topology-policy", policy.None, "the topology manager policy applied to admissions: none, best-effort, restricted or single-numa-node (hints from the device manager, over --numa-nodes); the chosen NUMA affinity aligns the allocation")
 	f.StringVar(&o.pluginsRegistryDir, "plugins-registry-dir", "", "also accept plugins that register through the pluginregistration protocol in this directory, as the kubelet's /var/lib/kubelet/plugins_registry (default: only kubelet.sock)")
@@ -41,6 +46,10 @@ func (o *extraOptions) addFlags(f *pflag.FlagSet) {
 // extraConfig is extraOptions checked.
 type extraConfig struct {
 	podresourcesSocket string
+	// podresourcesQPS and podresourcesBurst limit the rate of podresources
+	// calls; a QPS of 0: no limit.
+	podresourcesQPS    float64
+	podresourcesBurst  int
 	metricsAddress     string
 	pluginsRegistryDir string
 	metrics            *prometheus.Registry
@@ -52,6 +61,12 @@ type extraConfig struct {
 
 func (o *extraOptions) config(base serveConfig) (extraConfig, error) {
 	cfg := extraConfig{metricsAddress: o.metricsAddress}
+	if o.podresourcesQPS > 0 {
+		if o.podresourcesBurst < 1 {
+			return cfg, fmt.Errorf("--podresources-burst must be at least 1 with a --podresources-qps limit, not %d", o.podresourcesBurst)
+		}
+		cfg.podresourcesQPS, cfg.podresourcesBurst = o.podresourcesQPS, o.podresourcesBurst
+	}
 	if o.podresourcesSocket != "" {
 		p, err := filepath.Abs(o.podresourcesSocket)
 		if err != nil {
@@ -130,8 +145,11 @@ func startExtras(cfg serveConfig, mgr *devicemanager.ManagerImpl, nd *node.Node,
 		}
 	}()
 	if cfg.podresourcesSocket != "" {
-		srv, err := podresources.NewServer(mgr, podresources.PodsFunc(nd.ActivePods),
-			podresources.Options{Logger: logger.WithName("podresources")})
+		opts := podresources.Options{Registerer: cfg.registerer(), Logger: logger.WithName("podresources")}
+		if cfg.podresourcesQPS > 0 {
+			opts.Limiter = rate.NewLimiter(rate.Limit(cfg.podresourcesQPS), cfg.podresourcesBurst)
+		}
+		srv, err := podresources.NewServer(mgr, podresources.PodsFunc(nd.ActivePods), opts)
 		if err != nil {
 			return nil, fmt.Errorf("podresources: %w", err)
 		}
@@ -139,7 +157,7 @@ func startExtras(cfg serveConfig, mgr *devicemanager.ManagerImpl, nd *node.Node,
 			return nil, fmt.Errorf("podresources: %w", err)
 		}
 		ex.podresources = srv
-		logger.Info("Serving podresources", "socketPath", cfg.podresourcesSocket)
+		logger.Info("Serving podresources", "socketPath", cfg.podresourcesSocket, "qps", cfg.podresourcesQPS, "burst", cfg.podresourcesBurst)
 	}
 	if cfg.metrics != nil {
 		lis, err := net.Listen("tcp", cfg.metricsAddress)

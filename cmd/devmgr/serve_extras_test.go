@@ -14,10 +14,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
@@ -64,12 +67,7 @@ func TestServePodResourcesMetricsRegistry(t *testing.T) {
 	res := ok(t, strings.NewReader(pod), "admit", "--control-socket", s.ctl, "-f", "-", "--json")
 	require.Contains(t, res.stdout, `"uid": "job-1"`)
 
-	conn, err := grpc.NewClient("unix://"+prSock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	defer conn.Close()
-	client := podresourcesv1.NewPodResourcesListerClient(conn)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	client, ctx := podresourcesClient(t, prSock)
 	list, err := client.List(ctx, &podresourcesv1.ListPodResourcesRequest{})
 	require.NoError(t, err)
 	require.Len(t, list.PodResources, 1)
@@ -87,12 +85,10 @@ func TestServePodResourcesMetricsRegistry(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, alloc.Devices, 4, "every healthy device, allocated or not")
 
-	resp, err := http.Get("http://" + addr[1] + "/metrics")
-	require.NoError(t, err)
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, resp.Body.Close())
-	require.NoError(t, err)
-	metrics := string(body)
+	metrics := scrape(t, addr[1])
+	assert.Contains(t, metrics, `kubelet_pod_resources_endpoint_requests_total{server_api_version="v1"} 2`)
+	assert.Contains(t, metrics, `kubelet_pod_resources_endpoint_requests_list{server_api_version="v1"} 1`)
+	assert.Contains(t, metrics, `kubelet_pod_resources_endpoint_requests_get_allocatable{server_api_version="v1"} 1`)
 	assert.Contains(t, metrics, `kubelet_device_plugin_alloc_duration_seconds_count{resource_name="example.com/gpu"} 1`)
 	// Counted for kubelet.sock registrations only, as the kubelet does.
 	assert.Contains(t, metrics, `kubelet_device_plugin_registration_total{resource_name="example.com/nic"} 1`)
@@ -108,6 +104,102 @@ func TestServePodResourcesMetricsRegistry(t *testing.T) {
 	assert.False(t, exists(prSock), "the podresources socket is removed")
 }
 
+// podresourcesClient dials the podresources socket sock; the connection
+// and the context of its calls end with the test.
+func podresourcesClient(t *testing.T, sock string) (podresourcesv1.PodResourcesListerClient, context.Context) {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return podresourcesv1.NewPodResourcesListerClient(conn), ctx
+}
+
+// scrape returns the text of http://addr/metrics.
+func scrape(t *testing.T, addr string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, resp.Body.Close())
+	require.NoError(t, err)
+	return string(body)
+}
+
+// The podresources rate limit is the kubelet's unless the flags change it;
+// refused calls fail with ResourceExhausted and count in the metrics.
+func TestServePodResourcesRateLimit(t *testing.T) {
+	t.Run("the kubelet's limit by default", func(t *testing.T) {
+		o := &extraOptions{}
+		f := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+		o.addFlags(f)
+		require.NoError(t, f.Parse(nil))
+		cfg, err := o.config(serveConfig{numaNodes: []int{0}})
+		require.NoError(t, err)
+		assert.InDelta(t, 100, cfg.podresourcesQPS, 0)
+		assert.Equal(t, 10, cfg.podresourcesBurst)
+
+		require.NoError(t, f.Parse([]string{"--podresources-qps", "-1", "--podresources-burst", "0"}))
+		cfg, err = o.config(serveConfig{numaNodes: []int{0}})
+		require.NoError(t, err)
+		assert.Zero(t, cfg.podresourcesQPS, "no limit")
+	})
+
+	list := func(t *testing.T, sock string, n int) (refused int) {
+		t.Helper()
+		client, ctx := podresourcesClient(t, sock)
+		for range n {
+			_, err := client.List(ctx, &podresourcesv1.ListPodResourcesRequest{})
+			switch status.Code(err) {
+			case codes.OK:
+			case codes.ResourceExhausted:
+				assert.Equal(t, "rejected by rate limit", status.Convert(err).Message())
+				refused++
+			default:
+				require.NoError(t, err)
+			}
+		}
+		return refused
+	}
+	for _, tc := range []struct {
+		name     string
+		flags    []string
+		calls    int
+		refused  int
+		contains []string
+	}{
+		// One call an hour after a burst of two: the third call is refused
+		// however fast or slow the machine.
+		{"a limit set by flags", []string{"--podresources-qps", "0.0003", "--podresources-burst", "2"}, 3, 1, []string{
+			`kubelet_pod_resources_endpoint_requests_total{server_api_version="v1"} 3`,
+			`kubelet_pod_resources_endpoint_requests_list{server_api_version="v1"} 3`,
+			`kubelet_pod_resources_endpoint_errors_list{server_api_version="v1"} 1`,
+		}},
+		{"no limit", []string{"--podresources-qps", "0"}, 30, 0, []string{
+			`kubelet_pod_resources_endpoint_requests_total{server_api_version="v1"} 30`,
+			`kubelet_pod_resources_endpoint_errors_list{server_api_version="v1"} 0`,
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := shortTempDir(t)
+			prSock := filepath.Join(dir, "pr", "kubelet.sock")
+			s := startServe(t, filepath.Join(dir, "ctl.sock"), append([]string{"--socket-dir", filepath.Join(dir, "dp"),
+				"--numa-nodes", "0", "--podresources-socket", prSock, "--metrics-address", "127.0.0.1:0"}, tc.flags...)...)
+			s.waitLog("Serving metrics")
+			addr := regexp.MustCompile(`Serving metrics.*address="([^"]+)"`).FindStringSubmatch(s.log.String())
+			require.Len(t, addr, 2, s.log.String())
+
+			assert.Equal(t, tc.refused, list(t, prSock, tc.calls))
+			metrics := scrape(t, addr[1])
+			for _, want := range tc.contains {
+				assert.Contains(t, metrics, want)
+			}
+			assert.Equal(t, 0, s.stop(syscall.SIGTERM))
+		})
+	}
+}
+
 func TestServeExtraFlagErrors(t *testing.T) {
 	dir := shortTempDir(t)
 	sockDir := filepath.Join(dir, "dp")
@@ -119,6 +211,7 @@ func TestServeExtraFlagErrors(t *testing.T) {
 		{[]string{"--podresources-socket", filepath.Join(dir, strings.Repeat("p", 120))}, "a unix socket path holds at most 107"},
 		{[]string{"--metrics-address", "no-port"}, "--metrics-address"},
 		{[]string{"--topology-policy", "strict"}, `--topology-policy: unknown policy: "strict"`},
+		{[]string{"--podresources-burst", "0"}, "--podresources-burst must be at least 1 with a --podresources-qps limit, not 0"},
 	} {
 		fails(t, nil, append([]string{"serve", "--socket-dir", sockDir, "--control-socket", filepath.Join(dir, "c.sock")}, tc.args...), tc.want)
 	}

@@ -257,36 +257,41 @@ func TestCommandErrors(t *testing.T) {
 		for _, tc := range []struct {
 			name string
 			args []string
+			code int
 			want []string
 		}{
-			{"serve without flags", []string{"serve"}, []string{`required flag(s) "control-socket", "socket-dir" not set`}},
-			{"status without a socket", []string{"status"}, []string{`required flag(s) "control-socket" not set`}},
-			{"pods without a socket", []string{"pods"}, []string{`required flag(s) "control-socket" not set`}},
-			{"admit without a file", []string{"admit", "--control-socket", missing}, []string{`required flag(s) "filename" not set`}},
-			{"release without a UID", []string{"release", "--control-socket", missing}, []string{"accepts 1 arg(s), received 0"}},
-			{"control socket not there", []string{"status", "--control-socket", missing},
+			{"serve without flags", []string{"serve"}, exitUsage, []string{`required flag(s) "control-socket", "socket-dir" not set`}},
+			{"status without a socket", []string{"status"}, exitUsage, []string{"no control socket: set --control-socket or $DEVMGR_CONTROL_SOCKET"}},
+			{"pods without a socket", []string{"pods"}, exitUsage, []string{"no control socket: set --control-socket or $DEVMGR_CONTROL_SOCKET"}},
+			{"admit without a file", []string{"admit", "--control-socket", missing}, exitUsage, []string{`required flag(s) "filename" not set`}},
+			{"release without a UID", []string{"release", "--control-socket", missing}, exitUsage, []string{"accepts 1 arg(s), received 0"}},
+			{"unknown flag", []string{"pods", "--control-sock", missing}, exitUsage, []string{"unknown flag: --control-sock"}},
+			{"control socket not there", []string{"status", "--control-socket", missing}, exitNotFound,
 				[]string{"cannot reach devmgr serve on " + missing, "connect: no such file or directory"}},
-			{"release, control socket not there", []string{"release", "--control-socket", missing, "u"},
+			{"release, control socket not there", []string{"release", "--control-socket", missing, "u"}, exitNotFound,
 				[]string{"cannot reach devmgr serve on " + missing}},
-			{"control socket is a regular file", []string{"pods", "--control-socket", file},
+			{"control socket is a regular file", []string{"pods", "--control-socket", file}, exitNotFound,
 				[]string{"cannot reach devmgr serve on " + file, "connection refused"}},
-			{"missing pod file", []string{"admit", "--control-socket", missing, "-f", filepath.Join(dir, "nope.yaml")},
+			{"missing pod file", []string{"admit", "--control-socket", missing, "-f", filepath.Join(dir, "nope.yaml")}, exitNotFound,
 				[]string{"read the pod: open " + filepath.Join(dir, "nope.yaml") + ": no such file or directory"}},
-			{"socket dir is a regular file", []string{"serve", "--socket-dir", file, "--control-socket", ctl},
+			{"pod file is a directory", []string{"admit", "--control-socket", missing, "-f", dir}, exitFailure,
+				[]string{"read the pod: read " + dir + ": is a directory"}},
+			{"socket dir is a regular file", []string{"serve", "--socket-dir", file, "--control-socket", ctl}, exitUsage,
 				[]string{"--socket-dir " + file + " is not a directory"}},
-			{"checkpoint dir is a regular file", []string{"serve", "--socket-dir", dir, "--checkpoint-dir", file, "--control-socket", ctl},
+			{"checkpoint dir is a regular file", []string{"serve", "--socket-dir", dir, "--checkpoint-dir", file, "--control-socket", ctl}, exitUsage,
 				[]string{"--checkpoint-dir " + file + " is not a directory"}},
-			{"serve's control socket is a regular file", []string{"serve", "--socket-dir", dir, "--control-socket", file},
+			{"serve's control socket is a regular file", []string{"serve", "--socket-dir", dir, "--control-socket", file}, exitFailure,
 				[]string{"control socket " + file + " exists and is not a socket"}},
-			{"bad log format", []string{"serve", "--socket-dir", dir, "--control-socket", ctl, "--log-format", "xml"},
+			{"bad log format", []string{"serve", "--socket-dir", dir, "--control-socket", ctl, "--log-format", "xml"}, exitUsage,
 				[]string{`--log-format must be text or json, not "xml"`}},
-			{"bad NUMA node", []string{"serve", "--socket-dir", dir, "--control-socket", ctl, "--numa-nodes", "0,64"},
+			{"bad NUMA node", []string{"serve", "--socket-dir", dir, "--control-socket", ctl, "--numa-nodes", "0,64"}, exitFailure,
 				[]string{"NUMA node 64 out of range 0-63"}},
-			{"NUMA nodes not numbers", []string{"serve", "--socket-dir", dir, "--control-socket", ctl, "--numa-nodes", "a"},
+			{"NUMA nodes not numbers", []string{"serve", "--socket-dir", dir, "--control-socket", ctl, "--numa-nodes", "a"}, exitUsage,
 				[]string{`invalid argument "a" for "--numa-nodes" flag`}},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				res := fails(t, nil, tc.args, tc.want...)
+				assert.Equal(t, tc.code, res.code, res.stderr)
 				assert.True(t, strings.HasPrefix(res.stderr, "devmgr: ") || strings.Contains(res.stderr, "Error: "),
 					"the error is printed: %q", res.stderr)
 			})
@@ -311,6 +316,7 @@ func TestCommandErrors(t *testing.T) {
 			body string
 			want []string
 		}{
+			// Every refusal exits exitRefused.
 			{"malformed pod file", "spec: [", []string{"not a Pod in JSON or YAML", "(422 Unprocessable Entity)"}},
 			{"unknown field", "spec:\n  containers:\n  - name: c\n    resource: {}\n", []string{`unknown field "resource"`, "(422 Unprocessable Entity)"}},
 			{"not a pod", "kind: Deployment\n", []string{`kind is "Deployment", want Pod`, "(422 Unprocessable Entity)"}},
@@ -320,15 +326,19 @@ func TestCommandErrors(t *testing.T) {
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				res := fails(t, strings.NewReader(tc.body), []string{"admit", "--control-socket", ctl, "-f", "-"}, tc.want...)
+				assert.Equal(t, exitRefused, res.code)
 				assert.Empty(t, res.stdout)
 			})
 		}
 		res := run(t, strings.NewReader(pod(`"example.com/gpu":3`)), "admit", "--control-socket", ctl, "-f", "-", "--json")
-		assert.NotEqual(t, 0, res.code)
+		assert.Equal(t, exitRefused, res.code)
 		assert.JSONEq(t, `{"error":"requested number of devices unavailable for example.com/gpu. Requested: 3, Available: 2",
 			"container":"c","reason":"DevicesUnavailable"}`, res.stdout, "--json prints the error answer as is")
 
-		fails(t, strings.NewReader("  \n"), []string{"admit", "--control-socket", ctl, "-f", "-"}, "read the pod: standard input is empty")
+		res = fails(t, strings.NewReader("  \n"), []string{"admit", "--control-socket", ctl, "-f", "-"}, "read the pod: standard input is empty")
+		assert.Equal(t, exitRefused, res.code)
+		res = fails(t, nil, []string{"release", "--control-socket", ctl, "nobody"}, `pod "nobody" is not admitted (404 Not Found)`)
+		assert.Equal(t, exitNotFound, res.code)
 		st := api.status()
 		assert.Equal(t, 0, st.resource(gpu).Allocated, "failed admissions hold nothing")
 		code, raw := api.do(http.MethodGet, pathPods, nil)

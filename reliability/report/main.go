@@ -10,8 +10,9 @@
 // below. The file names the commit the suite ran at (git's short hash of
 // HEAD, marked when the work tree has uncommitted changes), so a reader can
 // tell which code the figures describe. A record's details may carry "case" (the row's name) and "about"
-// (a sentence on what the case does); the categories of crash consistency,
-// power loss, devmgr serve, checkpoint damage and permissions have their
+// (a sentence on what the case does); its checks say what the test asserted
+// of a detail, shown next to it, and its params, the settings of the run,
+// are listed apart from the results. Most categories have their
 // description here.
 package main
 
@@ -22,6 +23,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,15 +36,17 @@ import (
 
 // figures is one JSON line of the suite (reliability.Figures).
 type figures struct {
-	Category string         `json:"category"`
-	Cases    int            `json:"cases"`
-	Faults   int            `json:"faults"`
-	Kills    int            `json:"kills"`
-	Lost     int            `json:"lost"`
-	Doubled  int            `json:"doubled"`
-	Raw      map[string]any `json:"details"`
-	Elapsed  string         `json:"elapsed"`
-	When     time.Time      `json:"when"`
+	Category string            `json:"category"`
+	Cases    int               `json:"cases"`
+	Faults   int               `json:"faults"`
+	Kills    int               `json:"kills"`
+	Lost     int               `json:"lost"`
+	Doubled  int               `json:"doubled"`
+	Raw      map[string]any    `json:"details"`
+	Checks   map[string]string `json:"checks"`
+	Params   map[string]any    `json:"params"`
+	Elapsed  string            `json:"elapsed"`
+	When     time.Time         `json:"when"`
 }
 
 func main() {
@@ -162,6 +166,39 @@ func commitOf(out string) string {
 // about describes the categories whose tests this generator's authors wrote;
 // other categories are described by their records' "about" detail.
 var about = map[string]string{
+	"bad registrations": `Every malformed RegisterRequest (a version other than v1beta1, an
+invalid resource name, an endpoint that is not a bare file name or names no device plugin)
+must be refused with the error the test expects, before the manager dials anything back for a
+bad string; between two of them a good plugin registers again and a pod is admitted. A refusal
+is counted when the client got that error. Then one plugin registers the same resource 1,000
+times, paced at 1,000 per second, while a good plugin admits pods: every request must be
+answered (accepted, replacing the previous connection, or refused with an error naming the
+socket), and the good plugin must be served meanwhile. Faults are the refusals and answers the
+client saw. The rate the loop achieves depends on the machine and its load: it is in the
+test's log, not here.`,
+	"churn": `-cycles times, a plugin process (the test binary, re-executed) starts,
+registers, serves an admission, registers again, and is killed with SIGKILL; the manager runs
+throughout. A kill is counted when the process's exit status says SIGKILL and the manager has
+seen the plugin go (its devices no longer allocatable); every cycle must end so. Every pod
+still active keeps its devices. Goroutines and file descriptors are counted against a baseline
+taken after one warm-up cycle: while a plugin serves they must be above it (so the counts see
+what a plugin holds), and after the cycles none may be left beyond it.`,
+	"plugin faults": `Each case injects one fault (one case two) into a plugin registered
+beside a well-behaved one: the plugin process killed in the middle of each RPC, a hang in each
+RPC, or a malformed answer. A fault is counted where the test sees it: a death by the plugin
+process's exit by SIGKILL (its process state); a hang by the call's DeadlineExceeded or
+Canceled (the error returned, or the manager's rpc error metric), or a call still in flight
+while the manager serves the rest; a malformed answer by the manager's refusal (the error
+returned, logged, or counted in the metric) or by the documented reading the case asserts.
+Each case must see exactly the faults it injects. The well-behaved plugin must keep being
+served, and no goroutine or file descriptor may outlive a case.`,
+	"load": `8 goroutines admit and release pods of one or two devices of two resources,
+-admissions in all, while both plugins flip the health of their devices. Each admission must
+end admitted, or refused because the devices are taken or unhealthy. A shared map of claims
+finds a device given to two containers (doubled) and a pod whose devices changed before its
+release (lost); at the end the checkpoint must hold exactly the ledger. Faults are the health
+changes the manager received (ListAndWatch messages, counted by its metric), which must be
+every flip the plugins sent.`,
 	"crash consistency": `A child process (the test binary, re-executed) runs a ManagerImpl and a
 plugintest plugin serving 16 devices in a directory that outlives it. It admits pods of one or
 two devices, releases some (drops them from its active pods), and prints each admission once
@@ -248,7 +285,10 @@ failed write must fail the admission that needed it (Allocate returns the error,
 cause), leave the previous file byte for byte and the ledger without that admission, and leave
 no temporary file. A restart while writes fail must restore the file, and admissions must work
 again once writes do. A corrupt checkpoint in a read-only directory cannot be moved aside: Start
-must still succeed, with no allocations.`,
+must still succeed, with no allocations. A fault is counted when its outcome is seen: the
+damaged file moved aside byte for byte, or decoded and held exactly; a failed write when the
+admission's error carries its cause (errno); a corrupt file in a read-only directory when Start
+succeeded without it and left it as it was.`,
 	"permissions": `Start creates the socket directory, the checkpoint directory and their
 missing parents with mode 0750. The checkpoint is written with mode 0600. kubelet.sock must
 not be world-writable: whoever can connect to it can register a device plugin, and so put
@@ -286,8 +326,12 @@ func render(records []figures, info runInfo) []byte {
 	p("devmgr's reliability suite (package `reliability`, build tag `reliability`) kills, starves and\n")
 	p("damages a running device manager and counts what it loses. Every category asserts that no\n")
 	p("allocation is lost and that no device is given to two containers. Lost and doubled must be 0.\n")
-	p("This file holds the figures of the last run. CI runs the suite with the default counts; the\n")
-	p("flags raise them.\n\n")
+	p("Every figure is asserted by the test that produces it; where the test records its check, the\n")
+	p("check follows the figure, as in \"(asserted = 52)\". Faults and kills are counted as the test saw\n")
+	p("them happen (a process's exit by signal, an error returned, a file moved aside), not from the\n")
+	p("cases it defines. Parameters are settings of the run, not results, and the Time column is how\n")
+	p("long a test ran, for context. This file holds the figures of the last run. CI runs the suite\n")
+	p("with the default counts; the flags raise them.\n\n")
 
 	p("## Last run\n\n")
 	p("| | |\n|---|---|\n")
@@ -344,7 +388,7 @@ func render(records []figures, info runInfo) []byte {
 		p("\n")
 		for i, r := range rs {
 			keys := detailKeys(r)
-			if len(keys) == 0 && r.Raw["about"] == nil {
+			if len(keys) == 0 && len(r.Params) == 0 && r.Raw["about"] == nil {
 				continue
 			}
 			p("**%s**", caseName(r, i, len(rs)))
@@ -353,9 +397,22 @@ func render(records []figures, info runInfo) []byte {
 			}
 			p("\n\n")
 			for _, k := range keys {
-				p("- %s: %s\n", k, value(r.Raw[k]))
+				p("- %s: %s", k, value(r.Raw[k]))
+				if c, ok := r.Checks[k]; ok {
+					p(" (asserted %s)", c)
+				}
+				p("\n")
 			}
-			p("\n")
+			if len(keys) > 0 {
+				p("\n")
+			}
+			if len(r.Params) > 0 {
+				p("Parameters:\n\n")
+				for _, k := range slices.Sorted(maps.Keys(r.Params)) {
+					p("- %s: %s\n", k, value(r.Params[k]))
+				}
+				p("\n")
+			}
 		}
 	}
 

@@ -79,3 +79,27 @@ func TestReportOutsideAGitWorkTree(t *testing.T) {
 	}
 	assert.Equal(t, "| Commit | unknown (not a git work tree) |", report(t, filepath.Join(dir, "RELIABILITY.md")))
 }
+
+// A detail recorded with its check shows the check; parameters are listed
+// apart from the results, exactly as recorded.
+func TestReportShowsChecksAndParameters(t *testing.T) {
+	dir := t.TempDir()
+	in := writeFile(t, dir, "figures.jsonl",
+		`{"category":"plugin faults","cases":2,"faults":2,"kills":1,"lost":0,"doubled":0,`+
+			`"details":{"leaked fds":0,"hangs seen":1,"note":"free text"},`+
+			`"checks":{"leaked fds":"= 0","hangs seen":">= 1"},`+
+			`"params":{"seed":1796164172044501123,"call deadline":"250ms"},`+
+			`"elapsed":"1s","when":"2026-01-02T03:04:05Z"}`+"\n")
+	out := filepath.Join(dir, "RELIABILITY.md")
+	require.NoError(t, run(in, out, "", 0, "make reliability"))
+	doc, err := os.ReadFile(out)
+	require.NoError(t, err)
+	assert.Contains(t, string(doc), "**plugin faults**\n\n"+
+		"- hangs seen: 1 (asserted >= 1)\n"+
+		"- leaked fds: 0 (asserted = 0)\n"+
+		"- note: free text\n\n"+
+		"Parameters:\n\n"+
+		"- call deadline: 250ms\n"+
+		"- seed: 1796164172044501123\n\n")
+	assert.Contains(t, string(doc), "| [plugin faults](#plugin-faults) | 2 | 2 | 1 | 0 | 0 | 1s |")
+}
