@@ -205,7 +205,11 @@ func TestPowerLossConsistency(t *testing.T) {
 // loss after each kill), checks the checkpoint after each, and records the
 // figures.
 func runCrash(t *testing.T, n int, lz *lazyFS) {
-	start := time.Now()
+	fig := Figures{Category: "crash consistency"}
+	if lz != nil {
+		fig.Category = categoryPowerLoss
+	}
+	defer recordOnExit(t, &fig, time.Now())
 	seed := suiteSeed(t)
 	rng := rand.New(rand.NewPCG(seed, 0))
 	dir, logDir := shortDir(t), t.TempDir()
@@ -244,82 +248,50 @@ func runCrash(t *testing.T, n int, lz *lazyFS) {
 			break
 		}
 	}
-	assert.Equal(t, n, st.kills, "children seen to die of SIGKILL")
+	fig.Cases, fig.Faults, fig.Kills, fig.Lost, fig.Doubled = st.kills, st.kills, st.kills, st.lost, st.doubled
 	assert.Zero(t, st.lost, "acknowledged allocations lost")
 	assert.Zero(t, st.doubled, "devices held by two pods")
-	assert.Zero(t, st.unexpected, "pods in the file never acknowledged nor in flight")
-	assert.Zero(t, st.undecoded, "checkpoints that did not decode and verify")
-	assert.Zero(t, st.otherState, "checkpoints in neither allowed state")
-	assert.Zero(t, st.tempAfterStart, "temporary files left after a Start")
-	assert.LessOrEqual(t, st.maxTempAfterKill, 1, "temporary files after one kill")
-	assert.LessOrEqual(t, st.maxTempAfterLoss, 1, "temporary files after one power loss")
-	assert.Equal(t, st.kills, st.restarts, "restarted managers that restored the file")
-	assert.Equal(t, st.inflightKills, st.inflightKept+st.inflightGone,
-		"kills with an admission in flight: each leaves the file with it or without it")
-	assert.Equal(t, st.kills, st.asAcked+st.inflightKept+st.gcByDeviceUpdate+st.startGCByDeviceUpdate+st.otherState+st.undecoded,
-		"kills: each leaves the file in one of the states counted")
-	if lz != nil {
-		assert.Equal(t, st.kills, st.losses, "power losses LazyFS reported done, one after each kill")
+	floor := 0
+	if n >= 50 { // with fewer kills, these may be 0 by chance
+		floor = 1
 	}
-	if st.kills >= 50 { // with fewer, these may hold by chance
-		assert.Positive(t, st.acked, "the children acknowledged no admission: nothing was tested")
-		assert.Positive(t, st.released, "the children released no pod")
-		assert.Positive(t, st.startupKills, "no kill came during start-up")
-		assert.Positive(t, st.inflightKept, "no kill left the admission in flight in the file")
-		assert.Positive(t, st.inflightGone, "no kill left the admission in flight out of the file")
-		assert.Positive(t, st.releasedInFile, "no kill came while a released pod was still in the file")
-	}
+	fig.param("seed", seed)
+	fig.param("kill window after READY", crashKillWindow.String())
+	fig.exact(t, "children that died of SIGKILL", st.kills, n)
+	fig.exact(t, "restarted managers that restored the file", st.restarts, st.kills)
+	fig.atLeast(t, "acknowledged admissions", st.acked, floor)
+	fig.atLeast(t, "releases", st.released, floor)
+	fig.atLeast(t, "kills during start-up (restore, registration)", st.startupKills, floor)
+	fig.exact(t, "kills with an admission in flight (in the file, or not)", st.inflightKills, st.inflightKept+st.inflightGone)
+	fig.atLeast(t, "kills with an admission in flight, in the file", st.inflightKept, floor)
+	fig.atLeast(t, "kills with an admission in flight, not in the file", st.inflightGone, floor)
+	fig.atLeast(t, "released pods still in the file at a kill", st.releasedInFile, floor)
+	// Each kill leaves the file in one state; the rare ones are asserted
+	// through the sum.
+	states := st.asAcked + st.inflightKept + st.gcByDeviceUpdate + st.startGCByDeviceUpdate + st.otherState + st.undecoded
+	assert.Equal(t, st.kills, states, "kills: each leaves the file in one of the states counted")
+	inSum := fmt.Sprintf("with the other states of the file after a kill, sum = %d", st.kills)
+	fig.atLeast(t, "kills that left the file as acknowledged", st.asAcked, floor)
+	fig.detail("kills after a device update wrote the first admission's garbage collection", st.gcByDeviceUpdate, inSum)
+	fig.detail("kills after a device update wrote Start's garbage collection", st.startGCByDeviceUpdate, inSum)
+	fig.exact(t, "checkpoints in neither allowed state", st.otherState, 0)
+	fig.exact(t, "checkpoints that did not verify", st.undecoded, 0)
+	fig.exact(t, "unexpected pods in the file", st.unexpected, 0)
+	fig.atLeast(t, "temporary files found right after a kill (total)", st.tempAfterKill, floor)
+	fig.atMost(t, "temporary files found right after one kill (most)", st.maxTempAfterKill, 1)
+	fig.exact(t, "temporary files left after the next Start", st.tempAfterStart, 0)
 	rate := 0
 	if st.admitTime > 0 {
 		rate = int(float64(st.acked) / st.admitTime.Seconds())
 	}
-	if st.acked > 0 {
-		assert.Positive(t, rate, "admissions per second")
-	}
-	details := map[string]any{
-		"acknowledged admissions": st.acked,
-		"releases":                st.released,
-		"kills during start-up (restore, registration)":                              st.startupKills,
-		"kills with an admission in flight":                                          st.inflightKills,
-		"kills with an admission in flight, in the file":                             st.inflightKept,
-		"kills with an admission in flight, not in the file":                         st.inflightGone,
-		"kills after a device update wrote the first admission's garbage collection": st.gcByDeviceUpdate,
-		"kills after a device update wrote Start's garbage collection":               st.startGCByDeviceUpdate,
-		"kills that left the file as acknowledged":                                   st.asAcked,
-		"released pods still in the file at a kill":                                  st.releasedInFile,
-		"restarted managers that restored the file":                                  st.restarts,
-		"unexpected pods in the file":                                                st.unexpected,
-		"checkpoints that did not verify":                                            st.undecoded,
-		"checkpoints in neither allowed state":                                       st.otherState,
-		"temporary files found right after a kill (total)":                           st.tempAfterKill,
-		"temporary files found right after one kill (most)":                          st.maxTempAfterKill,
-		"temporary files left after the next Start":                                  st.tempAfterStart,
-		"kill window after READY":                                                    crashKillWindow.String(),
-		"admissions per second in a child (each writes the checkpoint)":              rate,
-		"seed": seed,
-	}
-	fig := Figures{
-		Category: "crash consistency",
-		Cases:    st.kills,
-		Faults:   st.kills,
-		Kills:    st.kills,
-		Lost:     st.lost,
-		Doubled:  st.doubled,
-		Details:  details,
-		Elapsed:  time.Since(start).Round(time.Millisecond).String(),
-	}
+	fig.atLeast(t, "admissions per second in a child (each writes the checkpoint)", rate, min(st.acked, 1))
 	if lz != nil {
-		fig.Category = categoryPowerLoss
 		fig.Faults = st.losses
-		details["power losses (LazyFS reported the unsynced data dropped)"] = st.losses
-		details["temporary files found right after a power loss (total)"] = st.tempAfterLoss
-		details["temporary files found right after one power loss (most)"] = st.maxTempAfterLoss
-		details["LazyFS self-check: an unsynced file renamed into place read empty after a power loss"] = true
+		fig.exact(t, "power losses (LazyFS reported the unsynced data dropped)", st.losses, st.kills)
+		// LazyFS applies creations at once: a power loss removes none.
+		fig.exact(t, "temporary files found right after a power loss (total)", st.tempAfterLoss, st.tempAfterKill)
+		fig.atMost(t, "temporary files found right after one power loss (most)", st.maxTempAfterLoss, 1)
 	}
-	if t.Failed() {
-		details["test failed"] = true
-	}
-	record(t, fig)
 }
 
 // categoryPowerLoss names the figures of TestPowerLossConsistency.

@@ -134,7 +134,11 @@ type serveDirs struct {
 // directories (the checkpoint directory on lz, when not nil, with a power
 // loss after each kill), checks each restart, and records the figures.
 func runServeCrash(t *testing.T, n int, lz *lazyFS) {
-	start := time.Now()
+	fig := Figures{Category: categoryServeKill}
+	if lz != nil {
+		fig.Category = categoryServePowerLoss
+	}
+	defer recordOnExit(t, &fig, time.Now())
 	bin := devmgrBinary(t)
 	seed := suiteSeed(t)
 	rng := rand.New(rand.NewPCG(seed, 1))
@@ -189,70 +193,47 @@ func runServeCrash(t *testing.T, n int, lz *lazyFS) {
 	m.check(t, n, api, status, dirs.ckpt, pending, &st)
 	p.kill(t)
 
-	assert.Equal(t, n, st.kills, "serve processes seen to die of SIGKILL")
-	assert.Equal(t, n-st.startupKills+1, st.checks, "restarts checked: one after each kill outside start-up, and the last")
-	assert.Zero(t, st.statusMismatches, "restarts whose status counted other devices allocated than the pods hold")
+	fig.Cases, fig.Faults, fig.Kills, fig.Lost, fig.Doubled = st.kills, st.kills, st.kills, st.lost, st.doubled
 	assert.Zero(t, st.lost, "acknowledged admissions lost")
 	assert.Zero(t, st.doubled, "devices held by two pods")
-	assert.Zero(t, st.unexpected, "pods listed or in the checkpoint that were never admitted, or released")
-	assert.Zero(t, st.undecoded, "checkpoints that did not decode and verify")
-	assert.Zero(t, st.refused, "admissions or releases serve refused")
-	assert.Zero(t, st.tempAfterStart, "temporary files left after serve started")
-	assert.LessOrEqual(t, st.maxTempAfterKill, 1, "temporary files of one file after one kill")
-	assert.LessOrEqual(t, st.maxTempAfterLoss, 1, "temporary files of one file after one power loss")
-	if lz != nil {
-		assert.Equal(t, st.kills, st.losses, "power losses LazyFS reported done, one after each kill")
+	floor, rareFloor := 0, 0
+	if n >= 20 { // with fewer kills, these may be 0 by chance
+		floor = 1
 	}
-	assert.Equal(t, n-st.startupKills, st.inflightAdmitted+st.inflightNotAdmitted+st.inflightReleased+st.inflightNotReleased,
-		"kills after the plugin registered: each cut a request, found landed or not at the next restart")
 	if n >= 50 {
-		assert.Positive(t, st.inflightReleased+st.inflightNotReleased, "no kill came during a release")
+		rareFloor = 1
 	}
-	if n >= 20 { // with fewer, these may hold by chance
-		assert.Positive(t, st.acked, "serve acknowledged no admission: nothing was tested")
-		assert.Positive(t, st.releases, "serve acknowledged no release")
-		assert.Positive(t, st.startupKills, "no kill came during start-up")
-		assert.Positive(t, st.inflightAdmitted+st.inflightNotAdmitted, "no kill came during an admission")
-	}
-	fig := Figures{
-		Category: categoryServeKill,
-		Cases:    st.kills,
-		Faults:   st.kills,
-		Kills:    st.kills,
-		Lost:     st.lost,
-		Doubled:  st.doubled,
-		Details: map[string]any{
-			"acknowledged admissions":                                                          st.acked,
-			"acknowledged releases":                                                            st.releases,
-			"kills during serve's start-up":                                                    st.startupKills,
-			"kills with an admission in flight, listed after the restart":                      st.inflightAdmitted,
-			"kills with an admission in flight, not listed after the restart":                  st.inflightNotAdmitted,
-			"kills with a release in flight, done after the restart":                           st.inflightReleased,
-			"kills with a release in flight, not done after the restart":                       st.inflightNotReleased,
-			"restarts checked (status, pods, checkpoint) as soon as serve answered":            st.checks,
-			"restarts whose status counted other devices allocated than the pods hold":         st.statusMismatches,
-			"unexpected pods, listed or in the checkpoint":                                     st.unexpected,
-			"checkpoints that did not verify":                                                  st.undecoded,
-			"admissions or releases refused":                                                   st.refused,
-			"temporary files found right after a kill (total)":                                 st.tempAfterKill,
-			"temporary files of one file (checkpoint or pod file) right after one kill (most)": st.maxTempAfterKill,
-			"temporary files left after serve started again":                                   st.tempAfterStart,
-			"kill window after the plugin registered":                                          serveKillWindow.String(),
-			"seed": seed,
-		},
-		Elapsed: time.Since(start).Round(time.Millisecond).String(),
-	}
+	fig.param("seed", seed)
+	fig.param("kill window after the plugin registered", serveKillWindow.String())
+	fig.exact(t, "serve processes that died of SIGKILL", st.kills, n)
+	fig.exact(t, "restarts checked (status, pods, checkpoint) as soon as serve answered", st.checks, n-st.startupKills+1)
+	fig.exact(t, "restarts whose status counted other devices allocated than the pods hold", st.statusMismatches, 0)
+	fig.atLeast(t, "acknowledged admissions", st.acked, floor)
+	fig.atLeast(t, "acknowledged releases", st.releases, floor)
+	fig.atLeast(t, "kills during serve's start-up", st.startupKills, floor)
+	// Each kill after the plugin registered cut one request, found landed
+	// or not at the next restart; the rare outcomes are asserted through
+	// the sum.
+	cut := st.inflightAdmitted + st.inflightNotAdmitted + st.inflightReleased + st.inflightNotReleased
+	assert.Equal(t, n-st.startupKills, cut, "kills after the plugin registered: each cut a request")
+	inSum := fmt.Sprintf("with the other outcomes of a request in flight, sum = %d kills after registration", n-st.startupKills)
+	fig.atLeast(t, "kills with an admission in flight, not listed after the restart", st.inflightNotAdmitted, floor)
+	fig.detail("kills with an admission in flight, listed after the restart", st.inflightAdmitted, inSum)
+	fig.atLeast(t, "kills with a release in flight, not done after the restart", st.inflightNotReleased, rareFloor)
+	fig.detail("kills with a release in flight, done after the restart", st.inflightReleased, inSum)
+	fig.exact(t, "unexpected pods, listed or in the checkpoint", st.unexpected, 0)
+	fig.exact(t, "checkpoints that did not verify", st.undecoded, 0)
+	fig.exact(t, "admissions or releases refused", st.refused, 0)
+	fig.atLeast(t, "temporary files found right after a kill (total)", st.tempAfterKill, rareFloor)
+	fig.atMost(t, "temporary files of one file (checkpoint or pod file) right after one kill (most)", st.maxTempAfterKill, 1)
+	fig.exact(t, "temporary files left after serve started again", st.tempAfterStart, 0)
 	if lz != nil {
-		fig.Category = categoryServePowerLoss
 		fig.Faults = st.losses
-		fig.Details["power losses (LazyFS reported the unsynced data dropped)"] = st.losses
-		fig.Details["temporary files found right after a power loss (total)"] = st.tempAfterLoss
-		fig.Details["temporary files of one file (checkpoint or pod file) right after one power loss (most)"] = st.maxTempAfterLoss
+		fig.exact(t, "power losses (LazyFS reported the unsynced data dropped)", st.losses, st.kills)
+		// LazyFS applies creations at once: a power loss removes none.
+		fig.exact(t, "temporary files found right after a power loss (total)", st.tempAfterLoss, st.tempAfterKill)
+		fig.atMost(t, "temporary files of one file (checkpoint or pod file) right after one power loss (most)", st.maxTempAfterLoss, 1)
 	}
-	if t.Failed() {
-		fig.Details["test failed"] = true
-	}
-	record(t, fig)
 }
 
 // countServeTemps counts the temporary files in serve's checkpoint
