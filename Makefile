@@ -80,24 +80,30 @@ interop:
 	$(GO) test -tags interop -v -count=1 -timeout 20m ./interop/
 	$(GO) test -race -count=1 -run 'Quirk' ./devicemanager/
 
-## reliability: the reliability suite (crash consistency under SIGKILL, plugin
-## faults, churn, bad registrations, checkpoint damage, load, permissions)
-## with the default counts, then docs/RELIABILITY.md from its figures, also
-## when a test failed (the file says so, and the target fails). Larger counts:
-## make reliability RELIABILITY_FLAGS="-kills 2000 -flips 20000". The read-only
-## mount cases need root and unshare -m.
+## reliability: the reliability suite (crash consistency under SIGKILL and
+## under power loss, both also through devmgr serve; plugin faults, churn,
+## bad registrations, checkpoint damage, load, permissions) with the default
+## counts, then docs/RELIABILITY.md from its figures, also when a test failed
+## (the file says so, and the target fails). LAZYFS is the path of a LazyFS
+## binary, with its libpcache.so beside it: a FUSE file system that loses
+## unsynced data on command, which the power-loss categories mount (they
+## fail without it; .ci/run builds it). Larger counts:
+## make reliability LAZYFS=... RELIABILITY_FLAGS="-kills 2000 -losses 1000 -flips 20000".
+## LazyFS and the read-only mount cases need root; the latter also unshare -m.
+LAZYFS            ?=
 RELIABILITY_FLAGS ?=
 RELIABILITY_OUT   := $(CURDIR)/.cache/reliability
+RELIABILITY_ARGS   = -report $(RELIABILITY_OUT)/figures.jsonl $(if $(LAZYFS),-lazyfs $(abspath $(LAZYFS))) $(RELIABILITY_FLAGS)
 reliability:
 	@mkdir -p $(RELIABILITY_OUT) && rm -f $(RELIABILITY_OUT)/figures.jsonl
-	@echo "$(GO) test -tags reliability -count=1 -v -timeout 20m ./reliability/ -args -report $(RELIABILITY_OUT)/figures.jsonl $(RELIABILITY_FLAGS)"
+	@echo "$(GO) test -tags reliability -count=1 -v -timeout 20m ./reliability/ -args $(RELIABILITY_ARGS)"
 	@{ $(GO) test -tags reliability -count=1 -v -timeout 20m ./reliability/ \
-		-args -report $(RELIABILITY_OUT)/figures.jsonl $(RELIABILITY_FLAGS) 2>&1; \
+		-args $(RELIABILITY_ARGS) 2>&1; \
 		echo $$? > $(RELIABILITY_OUT)/status; } | tee $(RELIABILITY_OUT)/test.log
 	@status=$$(cat $(RELIABILITY_OUT)/status); \
 	$(GO) run ./reliability/report -in $(RELIABILITY_OUT)/figures.jsonl -log $(RELIABILITY_OUT)/test.log \
 		-status $$status -out docs/RELIABILITY.md \
-		-cmd 'make reliability$(if $(RELIABILITY_FLAGS), RELIABILITY_FLAGS="$(RELIABILITY_FLAGS)")' && \
+		-cmd 'make reliability$(if $(LAZYFS), LAZYFS=$(patsubst $(CURDIR)/%,%,$(abspath $(LAZYFS))))$(if $(RELIABILITY_FLAGS), RELIABILITY_FLAGS="$(RELIABILITY_FLAGS)")' && \
 	echo "wrote docs/RELIABILITY.md" && exit $$status
 
 ## verify: every static check (formatting, module tidiness, vet, lint).

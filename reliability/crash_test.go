@@ -76,7 +76,8 @@ func init() {
 const (
 	roleCrashAdmitter = "crash-admitter"
 	// Environment of the crash-admitter role.
-	envCrashDir    = "DEVMGR_CRASH_DIR"    // socket and checkpoint directory
+	envCrashDir    = "DEVMGR_CRASH_DIR"    // socket directory
+	envCrashCkpt   = "DEVMGR_CRASH_CKPT"   // checkpoint directory
 	envCrashRun    = "DEVMGR_CRASH_RUN"    // run number: names the pods admitted
 	envCrashActive = "DEVMGR_CRASH_ACTIVE" // comma-separated UIDs of the active pods at start
 	envCrashSeed   = "DEVMGR_CRASH_SEED"
@@ -106,10 +107,10 @@ const (
 // a plugin in its directory, then admits pods (and releases some) until it is
 // killed, acknowledging each admission on stdout before the next begins.
 func crashAdmitter() int {
-	dir := os.Getenv(envCrashDir)
+	dir, ckpt := os.Getenv(envCrashDir), os.Getenv(envCrashCkpt)
 	run, err1 := strconv.ParseUint(os.Getenv(envCrashRun), 10, 64)
 	seed, err2 := strconv.ParseUint(os.Getenv(envCrashSeed), 10, 64)
-	if err := errors.Join(err1, err2); err != nil || dir == "" {
+	if err := errors.Join(err1, err2); err != nil || dir == "" || ckpt == "" {
 		fmt.Fprintf(os.Stderr, "crash-admitter: bad environment: %v\n", err)
 		return 2
 	}
@@ -119,7 +120,7 @@ func crashAdmitter() int {
 			pods.add(nodePod(uid, 1))
 		}
 	}
-	n, err := startDMNode(devicemanager.Options{SocketDir: dir, Logger: klog.Background()}, pods, crashDevices)
+	n, err := startDMNode(devicemanager.Options{SocketDir: dir, CheckpointDir: ckpt, Logger: klog.Background()}, pods, crashDevices)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "crash-admitter: %v\n", err)
 		return 3
@@ -157,89 +158,169 @@ func crashAdmitter() int {
 	return 5
 }
 
-// crashStats are the figures of TestCrashConsistency.
+// crashStats are the figures of TestCrashConsistency and
+// TestPowerLossConsistency.
 type crashStats struct {
 	kills, startupKills                  int
+	losses                               int // power losses LazyFS reported done
 	acked, released                      int
+	inflightKills                        int // kills with an admission begun and not acknowledged
 	inflightKept, inflightGone           int
 	gcByDeviceUpdate                     int // the first admission's garbage collection written by a device update
 	startGCByDeviceUpdate                int // Start's garbage collection written by a device update
+	asAcked                              int // checkpoints holding exactly the acknowledged pods
 	releasedInFile, restarts             int
 	lost, doubled, unexpected, undecoded int
 	otherState                           int // checkpoints in neither allowed state
-	maxTempFiles                         int
-	admitTime                            time.Duration
-	startupTotal                         time.Duration
-	startups                             int
+	// Temporary files in the checkpoint directory: after a kill (before
+	// anything else), after the power loss that follows it, and after the
+	// next Start (which must remove them).
+	tempAfterKill, tempAfterLoss, tempAfterStart int
+	maxTempAfterKill, maxTempAfterLoss           int
+	admitTime                                    time.Duration
+	startupTotal                                 time.Duration
+	startups                                     int
+}
+
+// failures is the number of checks failed so far.
+func (st *crashStats) failures() int {
+	return st.lost + st.doubled + st.unexpected + st.undecoded + st.otherState + st.tempAfterStart
 }
 
 func TestCrashConsistency(t *testing.T) {
-	start := time.Now()
+	runCrash(t, *kills, nil)
+}
+
+// TestPowerLossConsistency is TestCrashConsistency with the checkpoint on
+// LazyFS, and a power loss after every kill: what the child wrote and did
+// not sync is gone before the parent looks. A checkpoint renamed into place
+// before its data was synced reads empty or short then, and fails the test.
+func TestPowerLossConsistency(t *testing.T) {
+	lz := mountLazyFS(t)
+	runCrash(t, *losses, lz)
+}
+
+// runCrash kills n crash-admitters, one after the other, on one socket
+// directory and one checkpoint directory (on lz, when not nil, with a power
+// loss after each kill), checks the checkpoint after each, and records the
+// figures.
+func runCrash(t *testing.T, n int, lz *lazyFS) {
+	fig := Figures{Category: "crash consistency"}
+	if lz != nil {
+		fig.Category = categoryPowerLoss
+	}
+	defer recordOnExit(t, &fig, time.Now())
 	seed := suiteSeed(t)
 	rng := rand.New(rand.NewPCG(seed, 0))
 	dir, logDir := shortDir(t), t.TempDir()
+	ckpt := dir
+	if lz != nil {
+		ckpt = lz.mnt
+	}
 	model := &crashModel{held: map[string][]string{}, released: sets.New[string]()}
 	var st crashStats
-	for k := 0; k < *kills; k++ {
-		lines := killChildAtRandom(t, dir, logDir, k, model.active(), seed, rng, &st)
-		inflight := model.replay(t, k, lines, &st)
-		file := model.verify(t, k, dir, inflight, &st)
-		verifyRestart(t, k, dir, file, inflight, &st)
-		if n := tempFiles(t, dir); n > st.maxTempFiles {
-			st.maxTempFiles = n
+	for k := 0; k < n; k++ {
+		lines := killChildAtRandom(t, dir, ckpt, logDir, k, model.active(), seed, rng, &st)
+		temps := countTemps(t, ckpt, k, "the kill", &st.tempAfterKill, &st.maxTempAfterKill)
+		if lz != nil {
+			require.NoError(t, lz.powerLoss(), "power loss after kill %d", k)
+			st.losses++
+			if after := countTemps(t, ckpt, k, "the power loss", &st.tempAfterLoss, &st.maxTempAfterLoss); after != temps {
+				t.Errorf("kill %d: %d temporary files after the kill, %d after the power loss: LazyFS applies creations at once", k, temps, after)
+			}
 		}
-		if st.lost+st.doubled+st.unexpected+st.undecoded+st.otherState > 20 {
+		inflight := model.replay(t, k, lines, &st)
+		if inflight != nil {
+			st.inflightKills++
+		}
+		undecoded := st.undecoded
+		file := model.verify(t, k, ckpt, inflight, &st)
+		if lz != nil && st.undecoded > undecoded {
+			t.Errorf("kill %d: after a power loss, a checkpoint that does not decode means a rename reached the disk before the data it names was synced", k)
+		}
+		verifyRestart(t, k, dir, ckpt, file, inflight, &st)
+		if left := tempFiles(t, ckpt); left > 0 {
+			t.Errorf("kill %d: %d temporary files left after the next Start, which must remove them", k, left)
+			st.tempAfterStart += left
+		}
+		if st.failures() > 20 {
 			t.Errorf("giving up after kill %d: too many failures", k)
 			break
 		}
 	}
+	fig.Cases, fig.Faults, fig.Kills, fig.Lost, fig.Doubled = st.kills, st.kills, st.kills, st.lost, st.doubled
 	assert.Zero(t, st.lost, "acknowledged allocations lost")
 	assert.Zero(t, st.doubled, "devices held by two pods")
-	if st.kills >= 50 { // with fewer, these may hold by chance
-		assert.Positive(t, st.acked, "the children acknowledged no admission: nothing was tested")
-		assert.Positive(t, st.inflightKept+st.inflightGone, "no kill came during an admission")
+	floor := 0
+	if n >= 50 { // with fewer kills, these may be 0 by chance
+		floor = 1
 	}
+	fig.param("seed", seed)
+	fig.param("kill window after READY", crashKillWindow.String())
+	fig.exact(t, "children that died of SIGKILL", st.kills, n)
+	fig.exact(t, "restarted managers that restored the file", st.restarts, st.kills)
+	fig.atLeast(t, "acknowledged admissions", st.acked, floor)
+	fig.atLeast(t, "releases", st.released, floor)
+	fig.atLeast(t, "kills during start-up (restore, registration)", st.startupKills, floor)
+	fig.exact(t, "kills with an admission in flight (in the file, or not)", st.inflightKills, st.inflightKept+st.inflightGone)
+	fig.atLeast(t, "kills with an admission in flight, in the file", st.inflightKept, floor)
+	fig.atLeast(t, "kills with an admission in flight, not in the file", st.inflightGone, floor)
+	fig.atLeast(t, "released pods still in the file at a kill", st.releasedInFile, floor)
+	// Each kill leaves the file in one state; the rare ones are asserted
+	// through the sum.
+	states := st.asAcked + st.inflightKept + st.gcByDeviceUpdate + st.startGCByDeviceUpdate + st.otherState + st.undecoded
+	assert.Equal(t, st.kills, states, "kills: each leaves the file in one of the states counted")
+	inSum := fmt.Sprintf("with the other states of the file after a kill, sum = %d", st.kills)
+	fig.atLeast(t, "kills that left the file as acknowledged", st.asAcked, floor)
+	fig.detail("kills after a device update wrote the first admission's garbage collection", st.gcByDeviceUpdate, inSum)
+	fig.detail("kills after a device update wrote Start's garbage collection", st.startGCByDeviceUpdate, inSum)
+	fig.exact(t, "checkpoints in neither allowed state", st.otherState, 0)
+	fig.exact(t, "checkpoints that did not verify", st.undecoded, 0)
+	fig.exact(t, "unexpected pods in the file", st.unexpected, 0)
+	fig.atLeast(t, "temporary files found right after a kill (total)", st.tempAfterKill, floor)
+	fig.atMost(t, "temporary files found right after one kill (most)", st.maxTempAfterKill, 1)
+	fig.exact(t, "temporary files left after the next Start", st.tempAfterStart, 0)
 	rate := 0
 	if st.admitTime > 0 {
 		rate = int(float64(st.acked) / st.admitTime.Seconds())
 	}
-	record(t, Figures{
-		Category: "crash consistency",
-		Cases:    st.kills,
-		Faults:   st.kills,
-		Kills:    st.kills,
-		Lost:     st.lost,
-		Doubled:  st.doubled,
-		Details: map[string]any{
-			"acknowledged admissions": st.acked,
-			"releases":                st.released,
-			"kills during start-up (restore, registration)":                              st.startupKills,
-			"kills with an admission in flight, in the file":                             st.inflightKept,
-			"kills with an admission in flight, not in the file":                         st.inflightGone,
-			"kills after a device update wrote the first admission's garbage collection": st.gcByDeviceUpdate,
-			"kills after a device update wrote Start's garbage collection":               st.startGCByDeviceUpdate,
-			"released pods still in the file at a kill":                                  st.releasedInFile,
-			"restarted managers that restored the file":                                  st.restarts,
-			"unexpected pods in the file":                                                st.unexpected,
-			"checkpoints that did not verify":                                            st.undecoded,
-			"checkpoints in neither allowed state":                                       st.otherState,
-			"temporary files left in the directory by kills (never removed)":             st.maxTempFiles,
-			"kill window after READY":                                                    crashKillWindow.String(),
-			"admissions per second in a child (each writes the checkpoint)":              rate,
-			"seed": seed,
-		},
-		Elapsed: time.Since(start).Round(time.Millisecond).String(),
-	})
+	fig.atLeast(t, "admissions per second in a child (each writes the checkpoint)", rate, min(st.acked, 1))
+	if lz != nil {
+		fig.Faults = st.losses
+		fig.exact(t, "power losses (LazyFS reported the unsynced data dropped)", st.losses, st.kills)
+		// LazyFS applies creations at once: a power loss removes none.
+		fig.exact(t, "temporary files found right after a power loss (total)", st.tempAfterLoss, st.tempAfterKill)
+		fig.atMost(t, "temporary files found right after one power loss (most)", st.maxTempAfterLoss, 1)
+	}
+}
+
+// categoryPowerLoss names the figures of TestPowerLossConsistency.
+const categoryPowerLoss = "power loss (LazyFS)"
+
+// countTemps counts the temporary files in dir after event (a kill or a
+// power loss), adds them to *total and to *most if more, and fails the test
+// if there is more than one: a crash interrupts at most one write.
+func countTemps(t *testing.T, dir string, k int, event string, total, most *int, keep ...string) int {
+	t.Helper()
+	names := tempNames(t, dir, keep...)
+	n := len(names)
+	if n > 1 {
+		t.Errorf("kill %d: %d temporary files right after %s, %v; one write was interrupted at most", k, n, event, names)
+	}
+	*total += n
+	*most = max(*most, n)
+	return n
 }
 
 // killChildAtRandom runs one crash-admitter on dir and kills it with SIGKILL
 // at a random moment: one run in eight during its start-up (restoring the
 // checkpoint, registering the plugin, its first write), the others up to
 // crashKillWindow after it is ready. It returns the lines the child printed.
-func killChildAtRandom(t *testing.T, dir, logDir string, k int, active []string, seed uint64, rng *rand.Rand, st *crashStats) []string {
+func killChildAtRandom(t *testing.T, dir, ckpt, logDir string, k int, active []string, seed uint64, rng *rand.Rand, st *crashStats) []string {
 	t.Helper()
 	c, err := startCrashChild(logDir, []string{
 		envCrashDir + "=" + dir,
+		envCrashCkpt + "=" + ckpt,
 		envCrashRun + "=" + strconv.Itoa(k),
 		envCrashActive + "=" + strings.Join(active, ","),
 		envCrashSeed + "=" + strconv.FormatUint(seed, 10),
@@ -274,8 +355,7 @@ func killChildAtRandom(t *testing.T, dir, logDir string, k int, active []string,
 	case <-time.After(childTimeout):
 		require.Failf(t, "crash-admitter survived SIGKILL", "kill %d", k)
 	}
-	var ee *exec.ExitError
-	if !errors.As(c.err, &ee) || !ee.Sys().(syscall.WaitStatus).Signaled() {
+	if !killedBySIGKILL(c.err) {
 		require.Failf(t, "crash-admitter was not killed by the signal", "kill %d: %v\n%s", k, c.err, c.stderr())
 	}
 	lines, err := c.lines()
@@ -288,6 +368,17 @@ func killChildAtRandom(t *testing.T, dir, logDir string, k int, active []string,
 	}
 	st.kills++
 	return lines
+}
+
+// killedBySIGKILL reports whether a process whose Wait returned err died of
+// SIGKILL.
+func killedBySIGKILL(err error) bool {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return false
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
 }
 
 // crashChild is a running crash-admitter. Its stdout and stderr are files,
@@ -510,6 +601,7 @@ func (m *crashModel) verify(t *testing.T, k int, dir string, fl *inflight, st *c
 	}
 	switch {
 	case equalAllocations(file, m.held):
+		st.asAcked++
 		if fl != nil {
 			st.inflightGone++
 		}
@@ -582,11 +674,11 @@ func inflightLanded(file map[string][]string, fl *inflight) bool {
 	return true
 }
 
-// verifyRestart starts a manager on dir, as a restarted node does, and checks
-// that it holds exactly what the checkpoint holds.
-func verifyRestart(t *testing.T, k int, dir string, file map[string][]string, fl *inflight, st *crashStats) {
+// verifyRestart starts a manager on dir and ckpt, as a restarted node does,
+// and checks that it holds exactly what the checkpoint holds.
+func verifyRestart(t *testing.T, k int, dir, ckpt string, file map[string][]string, fl *inflight, st *crashStats) {
 	t.Helper()
-	m, err := devicemanager.NewManagerImpl(devicemanager.Options{SocketDir: dir, Logger: quietLogger()})
+	m, err := devicemanager.NewManagerImpl(devicemanager.Options{SocketDir: dir, CheckpointDir: ckpt, Logger: quietLogger()})
 	require.NoError(t, err)
 	defer m.Stop()
 	require.NoError(t, m.Start(nil, nil, nil, nil), "kill %d: restart", k)
@@ -677,19 +769,26 @@ func doubledAmong(file map[string][]string) int {
 	return n
 }
 
-// tempFiles counts the store's temporary files in dir (names starting with
-// "."): a kill between their creation and their rename leaves them.
-func tempFiles(t *testing.T, dir string) int {
+// tempFiles counts the temporary files in dir: names starting with ".",
+// but for the files named in keep. A kill between a file's creation and its
+// rename leaves one.
+func tempFiles(t *testing.T, dir string, keep ...string) int {
+	t.Helper()
+	return len(tempNames(t, dir, keep...))
+}
+
+// tempNames returns the names tempFiles counts.
+func tempNames(t *testing.T, dir string, keep ...string) []string {
 	t.Helper()
 	entries, err := os.ReadDir(dir)
 	require.NoError(t, err)
-	n := 0
+	var names []string
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), ".") {
-			n++
+		if strings.HasPrefix(e.Name(), ".") && !slices.Contains(keep, e.Name()) {
+			names = append(names, e.Name())
 		}
 	}
-	return n
+	return names
 }
 
 // --- A node: a manager and a plugin in one directory. ---

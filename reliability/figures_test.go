@@ -12,7 +12,7 @@ import (
 // A figure is recorded together with what the test asserts of it, so that
 // no number reaches docs/RELIABILITY.md unchecked: exact for a value the
 // test determines, atLeast for a measured one with a floor the test
-// requires, param for a setting of the run.
+// requires, atMost for one with a ceiling, param for a setting of the run.
 
 // exact records got as the detail name and asserts that it is want.
 func (f *Figures) exact(t testing.TB, name string, got, want int) bool {
@@ -27,6 +27,14 @@ func (f *Figures) atLeast(t testing.TB, name string, got, floor int) bool {
 	t.Helper()
 	f.detail(name, got, ">= "+strconv.Itoa(floor))
 	return assert.GreaterOrEqual(t, got, floor, "figure %q", name)
+}
+
+// atMost records got as the detail name and asserts that it is at most
+// ceiling.
+func (f *Figures) atMost(t testing.TB, name string, got, ceiling int) bool {
+	t.Helper()
+	f.detail(name, got, "<= "+strconv.Itoa(ceiling))
+	return assert.LessOrEqual(t, got, ceiling, "figure %q", name)
 }
 
 // param records v as a setting of the run under name: context, not a result.

@@ -18,6 +18,8 @@ import (
 // Counts of the suite; CI runs the defaults, larger runs raise them.
 var (
 	kills      = flag.Int("kills", 200, "crash consistency: SIGKILLs of the admitting child process")
+	losses     = flag.Int("losses", 120, "power loss: SIGKILLs of the admitting child process, each followed by a power loss (LazyFS)")
+	serveKills = flag.Int("serve-kills", 100, "devmgr serve: SIGKILLs of serve, and as many SIGKILLs each followed by a power loss (LazyFS)")
 	cycles     = flag.Int("cycles", 100, "churn: plugin start/register/allocate/crash/re-register cycles")
 	admissions = flag.Int("admissions", 10000, "load: admissions across 8 goroutines")
 	flipBits   = flag.Int("flips", 2000, "checkpoint damage: random bit flips tried")
@@ -42,7 +44,10 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(run())
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		removeDevmgrBinary()
+		os.Exit(code)
+	}))
 }
 
 // Figures is what one category of the suite reports: cases tried, faults

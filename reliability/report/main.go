@@ -228,10 +228,49 @@ write may also land between the first admission's garbage collection and its rec
 then holds the acknowledged pods without any released one, and not the pod in flight. The test
 allows these states until the first acknowledged admission of a run.
 
+**Temporary files.** They are counted right after each kill, before anything else touches the
+directory. A kill interrupts at most one write, so at most one may be there, and the next Start
+must remove it; both are asserted.
+
 **What SIGKILL does not test.** It ends the process, not the machine: the page cache survives.
 The test shows that the checkpoint is replaced atomically (temporary file, rename) and is on
-disk before Allocate returns. It cannot show that the checkpoint survives a power cut, which is
-what the store's fsync of the file and of the directory are for.`,
+disk before Allocate returns. Whether it survives a power cut, which is what the store's fsync
+of the file and of the directory are for, is the subject of the power loss category.`,
+	"power loss (LazyFS)": `The crash consistency test again, with the checkpoint directory on LazyFS,
+a FUSE file system that keeps written data in its own memory until the file is fsynced. After
+each SIGKILL the parent tells LazyFS to drop that memory: every byte the child wrote and did not
+sync is lost, as in a power cut. A loss is counted only when LazyFS has reported it done, and
+only then does the parent look. The checks are those of crash consistency, the counts of
+temporary files are taken after the kill and again after the loss, and the figures come from
+the same kinds of kills. A checkpoint renamed into place before its data was synced reads empty
+or short after the loss, and fails the test as a checkpoint that does not verify. Before the
+first kill the test shows that the mount does lose data: a file written and renamed without a
+sync must read empty after a loss, and a synced one must read whole. The sockets stay off the
+mount; only the checkpoint directory is on it.
+
+**What it does not model.** LazyFS passes creations, renames and removals to the disk below at
+once, so a missing fsync of the directory after a rename would go unnoticed (the store does
+sync it). It does not tear a write inside a file, does not lose data a disk claimed to have
+flushed, and has no journal to replay: it shows what is lost when unsynced data is, nothing
+about the file system below.`,
+	"devmgr serve: SIGKILL": `The same question asked of the devmgr binary, as an operator runs it. The
+binary is built once per run; a plugintest plugin of 16 devices, in the test process, registers
+with it. The test admits pods of one or two devices and releases some through the control API,
+one request at a time, and kills serve with SIGKILL at a random moment: up to 100 ms after the
+plugin registered or, one run in eight, during serve's start-up. It starts serve again on the
+same directories and, as soon as the control socket answers, requires that GET /v1/status
+counts as allocated exactly the devices the pods of GET /v1/pods hold; that every acknowledged
+admission not released since is listed and is in the checkpoint, with its devices; that no
+acknowledged release is listed; that no device is held by two pods, in the list or in the
+checkpoint; and that serve's start left no temporary file. The request in flight at the kill
+may have landed or not; the list says which, and the test goes on from there. Serve writes two
+files, the checkpoint and its file of admitted pods, each atomically and each by its own
+writer: a device update's checkpoint write can run beside a release's write of the pod file,
+so a kill may leave one temporary file of each, never two of one; both are asserted.`,
+	"devmgr serve: power loss (LazyFS)": `devmgr serve: SIGKILL again, with serve's checkpoint directory
+(the checkpoint and the file of admitted pods) on LazyFS and a power loss after every kill, as
+in the power loss category, whose limits apply here too. The socket directory and the control
+socket stay off the mount.`,
 	"checkpoint damage": `A damaged checkpoint must never make Start fail. A checkpoint that does
 not decode and verify is moved aside as kubelet_internal_checkpoint.bad-<unix time>, byte for
 byte, and the manager starts with no allocations. Damage can leave a file that still decodes
@@ -382,12 +421,17 @@ func render(records []figures, info runInfo) []byte {
 
 	p("## How to reproduce\n\n")
 	p("```sh\n")
-	p("make reliability                                        # the default counts, as CI runs them\n")
-	p("make reliability RELIABILITY_FLAGS=\"-kills 2000 -flips 20000\"   # larger counts\n")
+	p("make reliability LAZYFS=PATH                            # the default counts, as CI runs them\n")
+	p("make reliability LAZYFS=PATH RELIABILITY_FLAGS=\"-kills 2000 -losses 1000\"   # larger counts\n")
 	p("go test -tags reliability -count=1 -v -run TestCrashConsistency ./reliability/ -args -kills 500\n")
-	p("go test -race -tags reliability -count=1 ./reliability/ -args -kills 20 -flips 200 -cycles 10 -admissions 1000\n")
+	p("go test -tags reliability -count=1 -v -run 'Power|Serve' ./reliability/ -args -lazyfs PATH -losses 500\n")
+	p("go test -race -tags reliability -count=1 ./reliability/ -args -kills 20 -flips 200 -cycles 10 -admissions 1000 \\\n")
+	p("    -losses 20 -serve-kills 20 -lazyfs PATH\n")
 	p("```\n\n")
-	p("Flags (after `-args`): `-kills` (SIGKILLs of the admitting child), `-cycles` (churn cycles),\n")
+	p("Flags (after `-args`): `-kills` (SIGKILLs of the admitting child), `-losses` (the same, each\n")
+	p("followed by a power loss), `-serve-kills` (SIGKILLs of `devmgr serve`, and as many with a power\n")
+	p("loss), `-lazyfs` (the LazyFS binary the power-loss tests mount; `make reliability LAZYFS=PATH`\n")
+	p("passes it, CI builds it, and without it those tests fail), `-cycles` (churn cycles),\n")
 	p("`-admissions` (load), `-flips` (bit flips), `-report` (append the figures as JSON lines;\n")
 	p("`make reliability` writes them to `.cache/reliability/figures.jsonl`, and this file from them).\n")
 	p("Random choices are logged with their seed; `DEVMGR_RELIABILITY_SEED=<seed>` repeats them.\n")
