@@ -1,52 +1,106 @@
-// Package unixsock creates unix sockets that have their final mode from the
-// moment they appear on the file system.
+// Package unixsock creates unix sockets that have their final mode before
+// anyone can connect to them.
 //
-// bind(2) gives a new socket file the mode 0777 minus the umask, and the
-// umask belongs to the whole process. Changing the mode afterwards leaves a
-// window in which whoever the umask let in can connect (and keep the
-// connection), and chmod by path follows whatever is at the path then.
-// Listen instead binds on an operating-system thread of its own whose file
-// system attributes (umask, working directory, root) are unshared from the
-// rest of the process, with the umask that yields exactly the mode asked
-// for. The thread is discarded afterwards, so nothing else ever runs with
-// that umask.
+// bind(2) gives a new socket file the mode of the socket itself minus the
+// umask, and the umask belongs to the whole process. net.Listen leaves the
+// socket's own mode at 0777, so the file starts as wide as the umask allows
+// and already accepts connections; a chmod afterwards leaves a window in
+// which whoever the umask let in can connect (and keep the connection), and
+// chmod by path follows whatever is at the path then.
+//
+// Listen instead sets the socket's own mode before bind, so that the file is
+// born no wider than asked; if the umask took bits away, it gives them back
+// through a descriptor of the file itself (never following a symbolic link);
+// and only then does the socket listen. Until listen(2), a connection is
+// refused. Nothing changes the process's umask or ties up a thread.
 package unixsock
 
 import (
 	"fmt"
 	"io/fs"
 	"net"
-	"runtime"
+	"os"
+	"strconv"
 
 	"golang.org/x/sys/unix"
 )
 
 // Listen listens on the unix socket path, created with the permission bits
 // mode (and no others). It fails, as net.Listen does, if something exists at
-// path, and also where a seccomp filter forbids unshare(2) (for example one
-// that allows it only with CAP_SYS_ADMIN). The umask of the rest of the
-// process is never changed.
+// path. Closing the listener removes the file, as with net.Listen; callers
+// that remove it themselves use SetUnlinkOnClose(false).
 func Listen(path string, mode fs.FileMode) (*net.UnixListener, error) {
 	if mode&^fs.ModePerm != 0 {
 		return nil, fmt.Errorf("listen on %s: mode %v is not a set of permission bits", path, mode)
 	}
-	type result struct {
-		lis *net.UnixListener
-		err error
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, opError("socket", path, err)
 	}
-	done := make(chan result, 1)
-	go func() {
-		// Never unlocked: the thread, with its own umask, ends with this
-		// goroutine instead of going back to the scheduler.
-		runtime.LockOSThread()
-		if err := unix.Unshare(unix.CLONE_FS); err != nil {
-			done <- result{err: fmt.Errorf("listen on %s: give the thread its own umask: %w", path, err)}
-			return
-		}
-		unix.Umask(int(^mode & fs.ModePerm))
-		lis, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-		done <- result{lis, err}
-	}()
-	r := <-done
-	return r.lis, r.err
+	sock := os.NewFile(uintptr(fd), path)
+	defer sock.Close() // net.FileListener works on its own copy
+	if err := unix.Fchmod(fd, uint32(mode)); err != nil {
+		return nil, opError("fchmod", path, err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		return nil, opError("bind", path, err)
+	}
+	lis, err := listen(sock, path, mode)
+	if err != nil {
+		// The file is the one bind just created; nobody could connect yet.
+		_ = os.Remove(path)
+		return nil, err
+	}
+	return lis, nil
+}
+
+// listen gives the bound socket file exactly mode, then listens.
+func listen(sock *os.File, path string, mode fs.FileMode) (*net.UnixListener, error) {
+	if err := setMode(path, mode); err != nil {
+		return nil, err
+	}
+	if err := unix.Listen(int(sock.Fd()), unix.SOMAXCONN); err != nil {
+		return nil, opError("listen", path, err)
+	}
+	l, err := net.FileListener(sock)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	lis, ok := l.(*net.UnixListener)
+	if !ok {
+		_ = l.Close()
+		return nil, fmt.Errorf("listen on %s: not a unix listener: %T", path, l)
+	}
+	lis.SetUnlinkOnClose(true)
+	return lis, nil
+}
+
+// setMode gives the socket file at path exactly mode, through a descriptor
+// opened without following a symbolic link, when the umask took bits away.
+func setMode(path string, mode fs.FileMode) error {
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return opError("open", path, err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return opError("stat", path, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return fmt.Errorf("listen on %s: the socket file was replaced", path)
+	}
+	if fs.FileMode(st.Mode)&fs.ModePerm == mode {
+		return nil
+	}
+	// chmod(2) of an O_PATH descriptor's /proc entry changes the file the
+	// descriptor holds, whatever is at path by now.
+	if err := unix.Chmod("/proc/self/fd/"+strconv.Itoa(fd), uint32(mode)); err != nil {
+		return opError("chmod", path, err)
+	}
+	return nil
+}
+
+func opError(op, path string, err error) error {
+	return fmt.Errorf("listen on %s: %w", path, &fs.PathError{Op: op, Path: path, Err: err})
 }

@@ -82,9 +82,8 @@ func TestListenServes(t *testing.T) {
 	assert.NoFileExists(t, path, "closing the listener removes its socket, as net.Listen's does")
 }
 
-// Listen changes the umask only on a thread that is then discarded: files
-// created afterwards, from any goroutine (and so any thread), get the
-// process's umask.
+// Listen never changes the process's umask: files created afterwards, from
+// any goroutine (and so any thread), get it.
 func TestListenLeavesTheProcessUmask(t *testing.T) {
 	setUmask(t, 0o022)
 	dir := shortDir(t)

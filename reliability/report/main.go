@@ -294,8 +294,9 @@ missing parents with mode 0750 minus the umask. The checkpoint is written with m
 kubelet.sock and the podresources socket must have mode 0660 exactly: whoever can connect to
 kubelet.sock can register a device plugin, and so put device nodes and mounts into pods'
 containers, and the podresources socket tells which devices every pod holds. A socket file gets
-mode 0777 minus the umask when it is bound, so devmgr binds on a thread of its own whose umask
-gives exactly 0660: the socket never exists at a wider mode, and no chmod follows. The test runs
+the socket's own mode minus the umask when it is bound, so devmgr sets the socket's mode to 0660
+before bind, gives back through a descriptor of the file any bit the umask took, and listens
+only then: the socket never exists at a wider mode, and no chmod follows a path. The test runs
 a manager and a podresources server under the umasks 0022, 0000 and 0077, each in a child
 process since the umask is the whole process's, and asserts every mode it reports.
 A socket or checkpoint directory that already exists keeps its mode (Start only creates
