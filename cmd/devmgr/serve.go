@@ -74,23 +74,24 @@ user running serve can use the control socket (mode 0600).`,
   devmgr status --control-socket /tmp/dp-ctl.sock`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if !cmd.Flags().Changed("control-socket") {
+				o.controlSocket = os.Getenv(envControlSocket)
+			}
 			return runServe(cmd.Context(), o, cmd.ErrOrStderr())
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.socketDir, "socket-dir", "", "directory of kubelet.sock and the plugins' sockets (created if missing)")
 	f.StringVar(&o.checkpointDir, "checkpoint-dir", "", "directory of kubelet_internal_checkpoint and the admitted pods (default: the socket directory)")
-	f.StringVar(&o.controlSocket, "control-socket", "", "path of the unix socket of the control API (admit, release, pods, status)")
+	f.StringVar(&o.controlSocket, "control-socket", "", "path of the unix socket of the control API (admit, release, pods, status) (default: $"+envControlSocket+")")
 	f.IntSliceVar(&o.numaNodes, "numa-nodes", nil, "the machine's NUMA node ids, such as 0,1 (default: read from /sys/devices/system/node; none there means node 0)")
 	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	f.IntVarP(&o.verbosity, "v", "v", 0, "log verbosity: 2 shows the manager's registrations and device updates, 3 allocation decisions, 4 every plugin call")
 	f.StringSliceVar(&o.requirePlugin, "require-plugin", nil, "resource names, or domain/*, that only a device plugin serves: admission fails while no plugin registered them (default: such resources are ignored, as by the kubelet)")
 	f.DurationVar(&o.stopGracePeriod, "stop-grace-period", devicemanager.DefaultStopGracePeriod, "how long a resource stays known after its plugin is gone")
 	o.addFlags(f)
-	for _, name := range []string{"socket-dir", "control-socket"} {
-		if err := cmd.MarkFlagRequired(name); err != nil {
-			panic(err) // a flag defined above
-		}
+	if err := cmd.MarkFlagRequired("socket-dir"); err != nil {
+		panic(err) // a flag defined above
 	}
 	return cmd
 }
@@ -123,7 +124,7 @@ func (o *serveOptions) config(sysRoot string) (serveConfig, error) {
 		return cfg, err
 	}
 	if o.controlSocket == "" {
-		return cfg, errors.New("--control-socket must not be empty")
+		return cfg, errors.New("no control socket: set --control-socket or $" + envControlSocket)
 	}
 	if cfg.controlSocket, err = filepath.Abs(o.controlSocket); err != nil {
 		return cfg, fmt.Errorf("--control-socket: %w", err)

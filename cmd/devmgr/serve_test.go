@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -260,7 +262,8 @@ func TestCommandErrors(t *testing.T) {
 			code int
 			want []string
 		}{
-			{"serve without flags", []string{"serve"}, exitUsage, []string{`required flag(s) "control-socket", "socket-dir" not set`}},
+			{"serve without flags", []string{"serve"}, exitUsage, []string{`required flag(s) "socket-dir" not set`}},
+			{"serve without a control socket", []string{"serve", "--socket-dir", dir}, exitUsage, []string{"no control socket: set --control-socket or $DEVMGR_CONTROL_SOCKET"}},
 			{"status without a socket", []string{"status"}, exitUsage, []string{"no control socket: set --control-socket or $DEVMGR_CONTROL_SOCKET"}},
 			{"pods without a socket", []string{"pods"}, exitUsage, []string{"no control socket: set --control-socket or $DEVMGR_CONTROL_SOCKET"}},
 			{"admit without a file", []string{"admit", "--control-socket", missing}, exitUsage, []string{`required flag(s) "filename" not set`}},
@@ -400,4 +403,35 @@ func TestServeReleasesUnacknowledgedAdmissionsAtStart(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	assert.JSONEq(t, `{"pods":[]}`, string(list))
 	assert.False(t, exists(tmp), "the temporary file of a cut write is removed")
+}
+
+// serve, like the client commands, takes its control socket from
+// $DEVMGR_CONTROL_SOCKET when --control-socket is absent.
+func TestServeTakesTheControlSocketFromTheEnvironment(t *testing.T) {
+	dir := shortTempDir(t)
+	ctl := filepath.Join(dir, "env.sock")
+	cmd := exec.Command(binary(t), "serve", "--socket-dir", dir)
+	cmd.Env = append(os.Environ(), envControlSocket+"="+ctl)
+	log := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = log, log
+	require.NoError(t, cmd.Start())
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	api := newAPIClient(t, ctl)
+	answered := eventually(5*time.Second, exited, func() bool {
+		code, _ := api.tryDo(http.MethodGet, pathStatus, nil)
+		return code == http.StatusOK
+	})
+	require.True(t, answered, "serve did not answer on $%s=%s; output:\n%s", envControlSocket, ctl, log.String())
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	<-exited
+	assert.Equal(t, 0, cmd.ProcessState.ExitCode(), log.String())
+	assert.False(t, exists(ctl), "serve removes the control socket it took from the environment")
 }
