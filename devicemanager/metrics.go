@@ -22,6 +22,17 @@ const (
 	MetricCheckpointWritesTotal    = "devmgr_checkpoint_writes_total"
 )
 
+// Label values of MetricRegistrationTotal for requests not counted under
+// their resource name. Neither is a valid resource name (no '/'), so neither
+// can stand for a resource.
+const (
+	// registrationInvalid: the name is not a valid extended resource name.
+	registrationInvalid = "invalid"
+	// registrationUnknown: a valid name of no resource the manager holds,
+	// whose registration failed or was refused.
+	registrationUnknown = "unknown"
+)
+
 // RPC method labels of MetricRPCErrorsTotal.
 const (
 	methodAllocate               = "Allocate"

@@ -32,7 +32,7 @@ type registrationServer struct {
 // req.Options is ignored: options are always fetched from the plugin.
 func (s *registrationServer) Register(ctx context.Context, req *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
 	m := s.m
-	m.metrics.registrations.WithLabelValues(req.ResourceName).Inc()
+	defer m.countRegistration(req.ResourceName)
 	log := m.log.WithValues(keyResource, req.ResourceName)
 	log.V(2).Info("Got registration request from device plugin", keyVersion, req.Version, "endpoint", req.Endpoint)
 	if err := validateVersion(req.Version); err != nil {
@@ -55,6 +55,24 @@ func (s *registrationServer) Register(ctx context.Context, req *pluginapi.Regist
 		return &pluginapi.Empty{}, status.Error(codes.Unknown, err.Error())
 	}
 	return &pluginapi.Empty{}, nil
+}
+
+// countRegistration counts one Register request under its resource name
+// when that names a resource the manager holds once the request is handled,
+// and otherwise under a fixed label value, so that requests with ever new
+// names cannot add series without bound.
+func (m *ManagerImpl) countRegistration(name string) {
+	label := registrationInvalid
+	if isExtendedResourceName(name) {
+		m.mu.Lock()
+		_, held := m.resources[name]
+		m.mu.Unlock()
+		label = name
+		if !held {
+			label = registrationUnknown
+		}
+	}
+	m.metrics.registrations.WithLabelValues(label).Inc()
 }
 
 func validateVersion(v string) error {
