@@ -85,6 +85,14 @@ type Options struct {
 	// registration of one more is refused, a registration again on the same
 	// socket is not. Default DefaultMaxInstancesPerResource.
 	MaxInstancesPerResource int
+	// KeepaliveTime and KeepaliveTimeout: the manager pings a plugin whose
+	// connection carried nothing for KeepaliveTime, and disconnects it when
+	// nothing comes within KeepaliveTimeout more (endpoint.Options has the
+	// details). The default time, 10m, is twice the interval a gRPC
+	// server's default policy demands between pings, so that a healthy
+	// plugin is never told "too_many_pings". Defaults 10m and 30s.
+	KeepaliveTime    time.Duration
+	KeepaliveTimeout time.Duration
 	// RequirePlugin lists resource names, or "domain/*" patterns, that only a
 	// device plugin serves: admission of such a resource fails while no plugin
 	// has registered it, instead of being ignored as an admin-advertised
@@ -160,6 +168,12 @@ func (o Options) withDefaults() (Options, error) {
 	if o.MaxInstancesPerResource <= 0 {
 		o.MaxInstancesPerResource = DefaultMaxInstancesPerResource
 	}
+	if o.KeepaliveTime <= 0 {
+		o.KeepaliveTime = endpoint.DefaultKeepaliveTime
+	}
+	if o.KeepaliveTimeout <= 0 {
+		o.KeepaliveTimeout = endpoint.DefaultKeepaliveTimeout
+	}
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
 	}
@@ -175,11 +189,13 @@ const maxSocketPath = 107
 
 func (o Options) endpointOptions() endpoint.Options {
 	return endpoint.Options{
-		CallTimeout:     o.CallTimeout,
-		PreStartTimeout: o.PreStartTimeout,
-		DialTimeout:     o.DialTimeout,
-		MaxRecvMsgSize:  o.MaxRecvMsgSize,
-		Clock:           o.Clock,
+		CallTimeout:      o.CallTimeout,
+		PreStartTimeout:  o.PreStartTimeout,
+		DialTimeout:      o.DialTimeout,
+		MaxRecvMsgSize:   o.MaxRecvMsgSize,
+		KeepaliveTime:    o.KeepaliveTime,
+		KeepaliveTimeout: o.KeepaliveTimeout,
+		Clock:            o.Clock,
 	}
 }
 
