@@ -40,6 +40,11 @@ var (
 	// ErrCheckpoint: the checkpoint could not be written, so the admission
 	// that needed it was undone (the previous file is intact).
 	ErrCheckpoint = errors.New("device manager checkpoint write failed")
+	// ErrPluginLimit: a plugin was refused or disconnected for going over
+	// one of the limits in Options (MaxResources, MaxInstancesPerResource,
+	// MaxDevicesPerResource); the message names the resource, the limit and
+	// the count.
+	ErrPluginLimit = errors.New("device plugin over a limit")
 	// ErrInvalidRequest: the pod or container cannot be admitted as given
 	// (nil, or a UID or name that is not UTF-8).
 	ErrInvalidRequest = errors.New("invalid admission request")

@@ -203,6 +203,13 @@ func (h *harness) capacity(res string) (int64, int64) {
 	return cq.Value(), aq.Value()
 }
 
+// waitCtx returns a context that ends after waitTimeout, or with the test.
+func (h *harness) waitCtx() context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	h.t.Cleanup(cancel)
+	return ctx
+}
+
 func (h *harness) eventually(cond func() bool, msg string, args ...any) {
 	h.t.Helper()
 	require.Eventuallyf(h.t, cond, waitTimeout, 5*time.Millisecond, msg, args...)

@@ -20,6 +20,25 @@ const (
 	MetricCheckpointWriteDuration  = "devmgr_checkpoint_write_duration_seconds"
 	MetricCheckpointBytes          = "devmgr_checkpoint_bytes"
 	MetricCheckpointWritesTotal    = "devmgr_checkpoint_writes_total"
+	MetricPluginInputRefusedTotal  = "devmgr_device_plugin_input_refused_total"
+)
+
+// Label values of MetricRegistrationTotal for requests not counted under
+// their resource name. Neither is a valid resource name (no '/'), so neither
+// can stand for a resource.
+const (
+	// registrationInvalid: the name is not a valid extended resource name.
+	registrationInvalid = "invalid"
+	// registrationUnknown: a valid name of no resource the manager holds,
+	// whose registration failed or was refused.
+	registrationUnknown = "unknown"
+)
+
+// Reasons of MetricPluginInputRefusedTotal: the limit a plugin went over.
+const (
+	reasonResources = "resources" // MaxResources; resource_name is empty
+	reasonInstances = "instances" // MaxInstancesPerResource
+	reasonDevices   = "devices"   // MaxDevicesPerResource
 )
 
 // RPC method labels of MetricRPCErrorsTotal.
@@ -43,6 +62,7 @@ type metrics struct {
 	checkpointWrite prometheus.Histogram
 	checkpointBytes prometheus.Gauge
 	checkpointTotal *prometheus.CounterVec
+	refused         *prometheus.CounterVec
 }
 
 func newMetrics(m *ManagerImpl, reg prometheus.Registerer) (*metrics, error) {
@@ -88,13 +108,18 @@ func newMetrics(m *ManagerImpl, reg prometheus.Registerer) (*metrics, error) {
 			Name: MetricCheckpointWritesTotal,
 			Help: "Checkpoint writes by result: written, unchanged (skipped: same bytes as on disk), failed.",
 		}, []string{"result"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricPluginInputRefusedTotal,
+			Help: "Device plugin registrations refused and instances disconnected for going over a limit. " +
+				"Broken down by resource name (empty for reason resources) and reason (resources, instances, devices).",
+		}, []string{"resource_name", "reason"}),
 	}
 	if reg == nil {
 		return mt, nil
 	}
 	collectors := []prometheus.Collector{
 		mt.registrations, mt.allocDuration, mt.rpcErrors, mt.preStart, mt.preferred, mt.messageBytes,
-		mt.checkpointWrite, mt.checkpointBytes, mt.checkpointTotal, deviceCollector{m: m},
+		mt.checkpointWrite, mt.checkpointBytes, mt.checkpointTotal, mt.refused, deviceCollector{m: m},
 	}
 	for i, c := range collectors {
 		if err := reg.Register(c); err != nil {

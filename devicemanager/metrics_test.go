@@ -99,3 +99,31 @@ func TestMetricsRegisteredOnce(t *testing.T) {
 	var already prometheus.AlreadyRegisteredError
 	assert.ErrorAs(t, err, &already, "a second manager on the same registry is refused")
 }
+
+// Register requests are counted under their name only when it names a
+// resource the manager holds: ever new invalid or unknown names add no
+// series.
+func TestRegistrationCounterSeries(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	h := newHarness(t, func(o *Options) { o.Registerer = reg }).start()
+	p := h.registered(res1, devices("d", 1))
+	ctx := h.waitCtx()
+	for _, name := range []string{"bad name", "no-domain", "kubernetes.io/gpu", "", "requests.x/y"} {
+		req := p.RegisterRequest()
+		req.ResourceName = name
+		require.Error(t, p.RegisterWith(ctx, h.kubeletSocket(), req))
+	}
+	for _, name := range []string{"example.com/a", "example.com/b"} {
+		req := p.RegisterRequest()
+		req.ResourceName, req.Endpoint = name, "missing.sock"
+		require.Error(t, p.RegisterWith(ctx, h.kubeletSocket(), req))
+	}
+	bad := p.RegisterRequest()
+	bad.Version = "v0"
+	require.Error(t, p.RegisterWith(ctx, h.kubeletSocket(), bad))
+
+	assert.Equal(t, 3, testutil.CollectAndCount(h.m.metrics.registrations, MetricRegistrationTotal))
+	assert.InDelta(t, 2, testutil.ToFloat64(h.m.metrics.registrations.WithLabelValues(res1)), 0)
+	assert.InDelta(t, 5, testutil.ToFloat64(h.m.metrics.registrations.WithLabelValues(registrationInvalid)), 0)
+	assert.InDelta(t, 2, testutil.ToFloat64(h.m.metrics.registrations.WithLabelValues(registrationUnknown)), 0)
+}

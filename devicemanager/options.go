@@ -20,6 +20,26 @@ import (
 // five minutes.
 const DefaultStopGracePeriod = 5 * time.Minute
 
+// Defaults of the limits on what plugins may send (see Options). Each is far
+// above what a real node needs, so that it stops only a plugin that is broken
+// or hostile.
+const (
+	// DefaultMaxDevicesPerResource: the largest plugins list tens of
+	// thousands of IDs per card (a GPU shared by time-slicing replicas or
+	// advertised in units of its memory), on nodes of up to sixteen cards;
+	// a million covers eight cards of 120,000 IDs each, or sixteen of
+	// 60,000.
+	DefaultMaxDevicesPerResource = 1_000_000
+	// DefaultMaxResources: a node serves a handful of resources, a few
+	// dozen where SR-IOV pools or MIG profiles each get a name of their
+	// own.
+	DefaultMaxResources = 1_000
+	// DefaultMaxInstancesPerResource: one instance per card where a plugin
+	// runs a process per card, twice that while a new version of the plugin
+	// starts beside the old one.
+	DefaultMaxInstancesPerResource = 100
+)
+
 // KubeletSocketName is the name of the registration socket in SocketDir.
 const KubeletSocketName = "kubelet.sock"
 
@@ -50,6 +70,29 @@ type Options struct {
 	// MaxRecvMsgSize is the largest ListAndWatch message accepted, in bytes.
 	// Default 64 MiB (the kubelet: 4 MiB).
 	MaxRecvMsgSize int
+	// MaxDevicesPerResource is the most devices one ListAndWatch message may
+	// list. A longer list is not applied: the instance that sent it is
+	// disconnected, as one whose message is over MaxRecvMsgSize is.
+	// Default DefaultMaxDevicesPerResource.
+	MaxDevicesPerResource int
+	// MaxResources is the most resources plugins may serve at once (a
+	// resource counts from its first registration until GetCapacity
+	// removes it, and from the checkpoint). A registration of one more is
+	// refused. Default DefaultMaxResources.
+	MaxResources int
+	// MaxInstancesPerResource is the most plugin instances (registrations
+	// on different sockets) of one resource connected at once; a
+	// registration of one more is refused, a registration again on the same
+	// socket is not. Default DefaultMaxInstancesPerResource.
+	MaxInstancesPerResource int
+	// KeepaliveTime and KeepaliveTimeout: the manager pings a plugin whose
+	// connection carried nothing for KeepaliveTime, and disconnects it when
+	// nothing comes within KeepaliveTimeout more (endpoint.Options has the
+	// details). The default time, 10m, is twice the interval a gRPC
+	// server's default policy demands between pings, so that a healthy
+	// plugin is never told "too_many_pings". Defaults 10m and 30s.
+	KeepaliveTime    time.Duration
+	KeepaliveTimeout time.Duration
 	// RequirePlugin lists resource names, or "domain/*" patterns, that only a
 	// device plugin serves: admission of such a resource fails while no plugin
 	// has registered it, instead of being ignored as an admin-advertised
@@ -116,6 +159,21 @@ func (o Options) withDefaults() (Options, error) {
 	if o.MaxRecvMsgSize <= 0 {
 		o.MaxRecvMsgSize = endpoint.DefaultMaxRecvMsgSize
 	}
+	if o.MaxDevicesPerResource <= 0 {
+		o.MaxDevicesPerResource = DefaultMaxDevicesPerResource
+	}
+	if o.MaxResources <= 0 {
+		o.MaxResources = DefaultMaxResources
+	}
+	if o.MaxInstancesPerResource <= 0 {
+		o.MaxInstancesPerResource = DefaultMaxInstancesPerResource
+	}
+	if o.KeepaliveTime <= 0 {
+		o.KeepaliveTime = endpoint.DefaultKeepaliveTime
+	}
+	if o.KeepaliveTimeout <= 0 {
+		o.KeepaliveTimeout = endpoint.DefaultKeepaliveTimeout
+	}
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
 	}
@@ -131,11 +189,13 @@ const maxSocketPath = 107
 
 func (o Options) endpointOptions() endpoint.Options {
 	return endpoint.Options{
-		CallTimeout:     o.CallTimeout,
-		PreStartTimeout: o.PreStartTimeout,
-		DialTimeout:     o.DialTimeout,
-		MaxRecvMsgSize:  o.MaxRecvMsgSize,
-		Clock:           o.Clock,
+		CallTimeout:      o.CallTimeout,
+		PreStartTimeout:  o.PreStartTimeout,
+		DialTimeout:      o.DialTimeout,
+		MaxRecvMsgSize:   o.MaxRecvMsgSize,
+		KeepaliveTime:    o.KeepaliveTime,
+		KeepaliveTimeout: o.KeepaliveTimeout,
+		Clock:            o.Clock,
 	}
 }
 

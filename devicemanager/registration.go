@@ -32,7 +32,7 @@ type registrationServer struct {
 // req.Options is ignored: options are always fetched from the plugin.
 func (s *registrationServer) Register(ctx context.Context, req *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
 	m := s.m
-	m.metrics.registrations.WithLabelValues(req.ResourceName).Inc()
+	defer m.countRegistration(req.ResourceName)
 	log := m.log.WithValues(keyResource, req.ResourceName)
 	log.V(2).Info("Got registration request from device plugin", keyVersion, req.Version, "endpoint", req.Endpoint)
 	if err := validateVersion(req.Version); err != nil {
@@ -50,11 +50,32 @@ func (s *registrationServer) Register(ctx context.Context, req *pluginapi.Regist
 	}
 	if err := m.connect(ctx, req.ResourceName, path); err != nil {
 		log.Error(err, "Failed to register device plugin", keySocket, path)
+		if errors.Is(err, ErrPluginLimit) {
+			return &pluginapi.Empty{}, status.Error(codes.ResourceExhausted, err.Error())
+		}
 		// Plain status Unknown, as the kubelet answers: the status of the
 		// dial-back (say DeadlineExceeded) is not the status of Register.
 		return &pluginapi.Empty{}, status.Error(codes.Unknown, err.Error())
 	}
 	return &pluginapi.Empty{}, nil
+}
+
+// countRegistration counts one Register request under its resource name
+// when that names a resource the manager holds once the request is handled,
+// and otherwise under a fixed label value, so that requests with ever new
+// names cannot add series without bound.
+func (m *ManagerImpl) countRegistration(name string) {
+	label := registrationInvalid
+	if isExtendedResourceName(name) {
+		m.mu.Lock()
+		_, held := m.resources[name]
+		m.mu.Unlock()
+		label = name
+		if !held {
+			label = registrationUnknown
+		}
+	}
+	m.metrics.registrations.WithLabelValues(label).Inc()
 }
 
 func validateVersion(v string) error {
@@ -105,6 +126,15 @@ func (m *ManagerImpl) endpointPath(ep string) (string, error) {
 // replaced (the plugin restarted); instances on other sockets stay. No lock is
 // held while dialling, so one slow plugin never delays another's registration.
 func (m *ManagerImpl) connect(ctx context.Context, resource, path string) error {
+	// The limits are checked before the dial, to spare it, and again once
+	// the lock is taken again, since other registrations may have come
+	// meanwhile.
+	m.mu.Lock()
+	err := m.admitLocked(resource, path)
+	m.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	ep, err := endpoint.Dial(ctx, resource, path, m.opts.endpointOptions())
 	if err != nil {
 		m.metrics.rpcErrors.WithLabelValues(resource, methodGetDevicePluginOptions).Inc()
@@ -117,6 +147,11 @@ func (m *ManagerImpl) connect(ctx context.Context, resource, path string) error 
 		m.mu.Unlock()
 		ep.Stop()
 		return ErrStopped
+	}
+	if err := m.admitLocked(resource, path); err != nil {
+		m.mu.Unlock()
+		ep.Stop()
+		return err
 	}
 	r := m.resourceLocked(resource)
 	old := r.instances[path]
@@ -136,6 +171,33 @@ func (m *ManagerImpl) connect(ctx context.Context, resource, path string) error 
 		"getPreferredAllocationAvailable", ep.Options().GetGetPreferredAllocationAvailable())
 	go m.follow(resource, ep)
 	return nil
+}
+
+// admitLocked returns an ErrPluginLimit error, and counts it, when an
+// instance of resource on path would be one resource more than MaxResources
+// or one instance more than MaxInstancesPerResource. Expects m.mu held.
+func (m *ManagerImpl) admitLocked(resource, path string) error {
+	r := m.resources[resource]
+	if r == nil || !r.served() {
+		n := 0
+		for _, other := range m.resources {
+			if other.served() {
+				n++
+			}
+		}
+		if n < m.opts.MaxResources {
+			return nil
+		}
+		m.metrics.refused.WithLabelValues("", reasonResources).Inc()
+		return fmt.Errorf("%w: resource %q refused: plugins serve %d resources, the limit (MaxResources) is %d",
+			ErrPluginLimit, resource, n, m.opts.MaxResources)
+	}
+	if _, again := r.instances[path]; again || len(r.instances) < m.opts.MaxInstancesPerResource {
+		return nil
+	}
+	m.metrics.refused.WithLabelValues(resource, reasonInstances).Inc()
+	return fmt.Errorf("%w: resource %q refused an instance on %s: %d instances are connected, the limit (MaxInstancesPerResource) is %d",
+		ErrPluginLimit, resource, path, len(r.instances), m.opts.MaxInstancesPerResource)
 }
 
 // follow runs the ListAndWatch stream of one plugin instance until it ends,
@@ -174,8 +236,10 @@ func (m *ManagerImpl) follow(resource string, ep *endpoint.Endpoint) {
 // (never registered, or its last plugin gone) is ignored, and so is a nil
 // response: devices nobody serves cannot become healthy. So is a list before
 // Start or after Stop; Stop waits for calls in progress, so no checkpoint is
-// written after it returns. logger receives the message saying a list was
-// ignored; the rest is logged as for the stream, to Options.Logger.
+// written after it returns. A list over MaxDevicesPerResource disconnects
+// the primary instance, as it would on the stream. logger receives the
+// message saying a list was ignored; the rest is logged as for the stream,
+// to Options.Logger.
 func (m *ManagerImpl) PluginListAndWatchReceiver(logger klog.Logger, resourceName string, resp *pluginapi.ListAndWatchResponse) {
 	if resp == nil {
 		logger.Error(nil, "Ignoring a nil ListAndWatch response", keyResource, resourceName)
@@ -209,8 +273,12 @@ func (m *ManagerImpl) PluginListAndWatchReceiver(logger klog.Logger, resourceNam
 // onDevices applies one ListAndWatch message of ep: the device list of the
 // resource becomes exactly the message's. Owners of devices whose health
 // changed are notified, and the checkpoint is written if its content
-// changed.
+// changed. A list over MaxDevicesPerResource disconnects ep instead.
 func (m *ManagerImpl) onDevices(resource string, ep *endpoint.Endpoint, devs []*pluginapi.Device) {
+	if len(devs) > m.opts.MaxDevicesPerResource {
+		m.refuseDevices(resource, ep, len(devs))
+		return
+	}
 	m.mu.Lock()
 	r := m.resources[resource]
 	if r == nil || !r.current(ep) {
@@ -246,6 +314,26 @@ func (m *ManagerImpl) onDevices(resource string, ep *endpoint.Endpoint, devs []*
 			m.log.Error(err, "Failed to write checkpoint after a device update", keyResource, resource)
 		}
 	}
+}
+
+// refuseDevices disconnects the instance ep, whose list of n devices is over
+// MaxDevicesPerResource, as gRPC ends a stream whose message is over
+// MaxRecvMsgSize: the list is not applied, the resource's devices stay in
+// capacity (unhealthy if ep was its last instance, for the grace period) and
+// every allocation stays. The plugin sees its stream end.
+func (m *ManagerImpl) refuseDevices(resource string, ep *endpoint.Endpoint, n int) {
+	m.mu.Lock()
+	r := m.resources[resource]
+	current := r != nil && r.current(ep)
+	m.mu.Unlock()
+	if !current {
+		return // a replaced or disconnected instance
+	}
+	m.metrics.refused.WithLabelValues(resource, reasonDevices).Inc()
+	m.log.Error(fmt.Errorf("%w: resource %q: ListAndWatch listed %d devices, the limit (MaxDevicesPerResource) is %d",
+		ErrPluginLimit, resource, n, m.opts.MaxDevicesPerResource),
+		"Disconnecting device plugin: its device list is not applied", keyResource, resource, keySocket, ep.SocketPath())
+	m.disconnect(resource, ep)
 }
 
 // disconnect removes a plugin instance whose stream ended. When it was the

@@ -63,6 +63,12 @@ type instance struct {
 	seq uint64
 }
 
+// served reports whether the resource counts against MaxResources: an
+// instance is connected, or it is registered (until GetCapacity removes it).
+func (r *resourceState) served() bool {
+	return r.registered || len(r.instances) > 0
+}
+
 // current reports whether ep is the connected instance on its socket.
 func (r *resourceState) current(ep *endpoint.Endpoint) bool {
 	in := r.instances[ep.SocketPath()]

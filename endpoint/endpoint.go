@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -27,6 +28,12 @@ const (
 	DefaultPreStartTimeout = pluginapi.KubeletPreStartContainerRPCTimeoutInSecs * time.Second
 	DefaultDialTimeout     = 10 * time.Second
 	DefaultMaxRecvMsgSize  = 64 << 20
+	// DefaultKeepaliveTime is twice the five minutes a gRPC server's default
+	// enforcement policy asks between pings (see Options.KeepaliveTime).
+	DefaultKeepaliveTime = 10 * time.Minute
+	// DefaultKeepaliveTimeout is as long as an Allocate call may take: a
+	// plugin process that cannot answer a ping in that time is not serving.
+	DefaultKeepaliveTimeout = 30 * time.Second
 )
 
 // ErrStopped is returned by every call on a stopped endpoint.
@@ -43,6 +50,27 @@ type Options struct {
 	// MaxRecvMsgSize is the largest message accepted from the plugin, in
 	// bytes; it matters for ListAndWatch lists of tens of thousands of IDs.
 	MaxRecvMsgSize int
+	// KeepaliveTime is how long the connection may carry nothing from the
+	// plugin before the endpoint pings it, and KeepaliveTimeout how long it
+	// then waits for an answer (any frame) before it closes the connection,
+	// which ends the ListAndWatch stream as a plugin that went away does.
+	// This finds a plugin whose process is alive but whose connection is
+	// wedged (stopped, hung, or behind a proxy that stopped forwarding).
+	// Pings are sent only while a call is open, as gRPC servers demand.
+	//
+	// Plugins run ordinary gRPC servers, and a server's default policy
+	// counts a ping as a strike when it comes less than five minutes after
+	// the previous one and the server sent no data or headers in between;
+	// at the third strike it closes the connection (GOAWAY
+	// "too_many_pings"). The client pings only after KeepaliveTime with
+	// nothing read, and a ping's answer counts as a read, so pings are at
+	// least KeepaliveTime apart as the server sees them. The default, twice
+	// the server's five minutes, keeps them apart even if the manager's
+	// wall clock jumps forward by up to five minutes (gRPC schedules the
+	// next ping from a wall-clock time). gRPC raises a value under ten
+	// seconds to ten seconds.
+	KeepaliveTime    time.Duration
+	KeepaliveTimeout time.Duration
 	// Clock gives stop times; default the real clock.
 	Clock clock.PassiveClock
 }
@@ -59,6 +87,12 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxRecvMsgSize <= 0 {
 		o.MaxRecvMsgSize = DefaultMaxRecvMsgSize
+	}
+	if o.KeepaliveTime <= 0 {
+		o.KeepaliveTime = DefaultKeepaliveTime
+	}
+	if o.KeepaliveTimeout <= 0 {
+		o.KeepaliveTimeout = DefaultKeepaliveTimeout
 	}
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
@@ -117,6 +151,11 @@ func Dial(ctx context.Context, resource, path string, opts Options) (*Endpoint, 
 		grpc.WithContextDialer(dialer),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(opts.MaxRecvMsgSize)),
 		grpc.WithStatsHandler(payloadSizes{}),
+		// No pings without an open call: a default server counts every
+		// such ping within two hours of the last as a strike.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{
+			Time: opts.KeepaliveTime, Timeout: opts.KeepaliveTimeout, PermitWithoutStream: false,
+		}),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("failed to dial device plugin: %s: %w", path, err)
