@@ -67,13 +67,9 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 	if err != nil {
 		return nil, err
 	}
-	store.removeTempFiles(logger)
 	if err := removeStaleSocket(cfg.controlSocket, logger); err != nil {
 		return nil, err
 	}
-	// The manager's Start refuses, touching nothing, a socket directory in
-	// which a kubelet or another manager is at work (ErrSocketInUse).
-	kubeletSocket := filepath.Join(cfg.socketDir, devicemanager.KubeletSocketName)
 
 	nd := node.New(nil)
 	mgr, err := devicemanager.NewManagerImpl(devicemanager.Options{
@@ -106,6 +102,9 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 			mgr.Stop()
 		}
 	}()
+	// The directories are this serve's now (Start refuses them, touching
+	// nothing, while another manager works there).
+	store.removeTempFiles(logger)
 	if len(pods) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), restoreTimeout)
 		err := nd.Restore(ctx, pods)
@@ -168,7 +167,7 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 		defer s.wg.Done()
 		w.run(base, watchInterval)
 	}()
-	logger.Info("Serving", "socketPath", kubeletSocket, "controlSocket", cfg.controlSocket,
+	logger.Info("Serving", "socketPath", filepath.Join(cfg.socketDir, devicemanager.KubeletSocketName), "controlSocket", cfg.controlSocket,
 		"checkpointDir", cfg.checkpointDir, "numaNodes", cfg.numaNodes, "topologyPolicy", cfg.policy.Name())
 	return s, nil
 }
