@@ -91,9 +91,10 @@ type ManagerImpl struct {
 	server   *grpc.Server
 	serveErr error
 	// sock identifies the kubelet.sock file this manager created, and
-	// dirLock holds the flock on SocketDir; both from Start until Stop.
-	sock    fs.FileInfo
-	dirLock *os.File
+	// dirLocks hold the flocks on SocketDir and CheckpointDir; both from
+	// Start until Stop.
+	sock     fs.FileInfo
+	dirLocks dirLocks
 	// registry maps each registry socket to the plugin it registered.
 	registry map[string]registryEntry
 }
@@ -141,11 +142,11 @@ type alwaysReady struct{}
 func (alwaysReady) AllReady() bool { return true }
 
 // Start creates SocketDir (0750) and CheckpointDir if missing and claims
-// SocketDir. It fails with an error wrapping ErrSocketInUse, having touched
-// nothing in the directory, when another manager holds it (an exclusive
-// flock on the directory itself, held until Stop: no file of devmgr's
-// appears where the kubelet keeps its sockets) or when SocketDir/kubelet.sock
-// accepts connections (a running kubelet, which takes no such lock).
+// them. It fails with an error wrapping ErrSocketInUse, having touched
+// nothing in them, when another manager holds either (an exclusive flock on
+// the directory itself, held until Stop: no file of devmgr's appears where
+// the kubelet keeps its sockets) or when SocketDir/kubelet.sock accepts
+// connections (a running kubelet, which takes no such lock).
 //
 // Once the directory is its own, Start labels it for SELinux as the kubelet
 // does (when SELinux is enabled), reads the checkpoint, removes every unix
@@ -197,13 +198,13 @@ func (m *ManagerImpl) Start(activePods ActivePodsFunc, sourcesReady SourcesReady
 			return fmt.Errorf("create directory: %w", err)
 		}
 	}
-	lock, err := lockSocketDir(m.opts.SocketDir)
+	locks, err := lockDirs(m.opts.SocketDir, m.opts.CheckpointDir)
 	if err != nil {
 		return err
 	}
 	lis, sock, err := m.claimSocketDir(reconcile)
 	if err != nil {
-		_ = lock.Close()
+		locks.release()
 		return err
 	}
 	// Stop waits for Register handlers too, so none outlives the manager.
@@ -215,12 +216,12 @@ func (m *ManagerImpl) Start(activePods ActivePodsFunc, sourcesReady SourcesReady
 		m.mu.Unlock()
 		m.removeKubeletSocket(sock)
 		_ = lis.Close()
-		_ = lock.Close()
+		locks.release()
 		return ErrStopped
 	}
 	m.state = started
 	m.server = server
-	m.sock, m.dirLock = sock, lock
+	m.sock, m.dirLocks = sock, locks
 	m.wg.Add(2)
 	m.mu.Unlock()
 
@@ -277,7 +278,7 @@ func (m *ManagerImpl) Stop() error {
 	m.stopOnce.Do(func() {
 		m.mu.Lock()
 		m.state = stopped
-		server, sock, lock := m.server, m.sock, m.dirLock
+		server, sock, locks := m.server, m.sock, m.dirLocks
 		var eps []*endpoint.Endpoint
 		for _, r := range m.resources {
 			for _, in := range r.instances {
@@ -298,9 +299,7 @@ func (m *ManagerImpl) Stop() error {
 		}
 		m.wg.Wait()
 		m.updates.close()
-		if server != nil {
-			_ = lock.Close()
-		}
+		locks.release()
 		m.log.V(2).Info("Device manager stopped")
 	})
 	return nil

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 
@@ -38,23 +39,58 @@ var (
 	setFileLabel   = selinux.SetFileLabel
 )
 
-// lockSocketDir takes an exclusive flock on the directory itself, without
-// waiting, so that no file appears in it for the lock. The lock is held
-// until the returned file is closed (or the process exits).
-func lockSocketDir(dir string) (*os.File, error) {
+// dirLocks are the flocks a manager holds on its directories.
+type dirLocks []*os.File
+
+// lockDirs takes an exclusive flock, without waiting, on each directory
+// itself (once when two name the same one), so that no file appears in them
+// for the lock: SocketDir, where the kubelet keeps its sockets, and
+// CheckpointDir, where two managers would write one checkpoint. The locks are
+// held until release (or the process exits).
+func lockDirs(dirs ...string) (dirLocks, error) {
+	var locks dirLocks
+	var seen []fs.FileInfo
+	for _, dir := range dirs {
+		fi, err := os.Stat(dir)
+		if err != nil {
+			locks.release()
+			return nil, fmt.Errorf("lock directory: %w", err)
+		}
+		if slices.ContainsFunc(seen, func(o fs.FileInfo) bool { return os.SameFile(o, fi) }) {
+			continue
+		}
+		seen = append(seen, fi)
+		f, err := lockDir(dir)
+		if err != nil {
+			locks.release()
+			return nil, err
+		}
+		locks = append(locks, f)
+	}
+	return locks, nil
+}
+
+func lockDir(dir string) (*os.File, error) {
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("open socket directory: %w", &fs.PathError{Op: "open", Path: dir, Err: err})
+		return nil, fmt.Errorf("lock directory: %w", &fs.PathError{Op: "open", Path: dir, Err: err})
 	}
 	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		_ = unix.Close(fd)
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%w: another device manager holds %s (it has the directory locked); stop it or choose another socket directory",
+			return nil, fmt.Errorf("%w: another device manager holds %s (it has the directory locked); stop it or choose another directory",
 				ErrSocketInUse, dir)
 		}
-		return nil, fmt.Errorf("lock socket directory: %w", &fs.PathError{Op: "flock", Path: dir, Err: err})
+		return nil, fmt.Errorf("lock directory: %w", &fs.PathError{Op: "flock", Path: dir, Err: err})
 	}
 	return os.NewFile(uintptr(fd), dir), nil
+}
+
+// release drops the locks.
+func (l dirLocks) release() {
+	for _, f := range l {
+		_ = f.Close()
+	}
 }
 
 // checkKubeletSocket fails with ErrSocketInUse if something accepts

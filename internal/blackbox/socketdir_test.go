@@ -170,3 +170,27 @@ func TestKubeletSocketModeUnderEveryUmask(t *testing.T) {
 		})
 	}
 }
+
+// Two managers with socket directories of their own but one checkpoint
+// directory would write one checkpoint: the second is refused, touching
+// nothing in the checkpoint directory.
+func TestSecondManagerOnOneCheckpointDirectory(t *testing.T) {
+	ckpt := tempDir(t)
+	e := newEnv(t, func(o *devicemanager.Options) { o.CheckpointDir = ckpt })
+	first := e.start(t)
+	require.NoError(t, os.WriteFile(filepath.Join(ckpt, ".123456"), []byte("half a write"), 0o600))
+	before := snapshot(t, ckpt)
+
+	other := tempDir(t)
+	second, err := devicemanager.NewManagerImpl(devicemanager.Options{SocketDir: other, CheckpointDir: ckpt})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = second.Stop() })
+	err = second.Start(nil, nil, nil, nil)
+	require.ErrorIs(t, err, devicemanager.ErrSocketInUse)
+	assert.ErrorContains(t, err, "another device manager holds "+ckpt)
+	assert.Equal(t, before, snapshot(t, ckpt), "the refused manager changed the checkpoint directory")
+	assert.NoFileExists(t, filepath.Join(other, devicemanager.KubeletSocketName), "the refused manager does not listen")
+
+	require.NoError(t, first.Stop())
+	require.NoError(t, second.Start(nil, nil, nil, nil), "the directory is free once the first manager stopped")
+}
