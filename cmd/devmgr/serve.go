@@ -138,7 +138,7 @@ func (o *serveOptions) config(sysRoot string) (serveConfig, error) {
 	cfg.numaNodes = slices.Clone(o.numaNodes)
 	if len(cfg.numaNodes) == 0 {
 		if cfg.numaNodes, err = topology.Discover(sysRoot); err != nil {
-			return cfg, fmt.Errorf("discover NUMA nodes (set --numa-nodes to skip): %w", err)
+			return cfg, &exitError{code: exitFailure, err: fmt.Errorf("discover NUMA nodes (set --numa-nodes to skip): %w", err)}
 		}
 	}
 	slices.Sort(cfg.numaNodes)
@@ -165,14 +165,14 @@ func absDir(flag, dir string) (string, error) {
 	}
 	abs, err := filepath.Abs(dir)
 	if err != nil {
-		return "", fmt.Errorf("%s: %w", flag, err)
+		return "", &exitError{code: exitFailure, err: fmt.Errorf("%s: %w", flag, err)}
 	}
 	fi, err := os.Stat(abs)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return abs, nil
-	case err != nil:
-		return "", fmt.Errorf("%s: %w", flag, err)
+	case err != nil: // say a directory on the way that cannot be searched
+		return "", &exitError{code: exitFailure, err: fmt.Errorf("%s: %w", flag, err)}
 	case !fi.IsDir():
 		return "", fmt.Errorf("%s %s is not a directory", flag, abs)
 	}
@@ -207,10 +207,11 @@ func runServe(ctx context.Context, o *serveOptions, logOut io.Writer) error {
 	}
 	// Code that logs through klog's global functions logs here too.
 	klog.SetLogger(logger)
-	// config checks the flags: each of its errors names the flag to change.
+	// config checks the flags: each of its errors names the flag to change,
+	// and is a usage error unless the machine failed it (exitFailure).
 	cfg, err := o.config("/")
 	if err != nil {
-		return &exitError{code: exitUsage, err: err}
+		return withExitCode(exitUsage, err)
 	}
 	ctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()

@@ -67,3 +67,21 @@ func TestNewLogger(t *testing.T) {
 	_, err = newLogger("text", -1, &b)
 	assert.ErrorContains(t, err, "-v must not be negative")
 }
+
+// A flag the machine cannot act on is not a usage error: NUMA discovery that
+// fails exits with exitFailure, a bad flag value with exitUsage.
+func TestServeConfigErrorsExitCodes(t *testing.T) {
+	sys := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(sys, "sys/devices/system"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(sys, "sys/devices/system/node"), nil, 0o600))
+	o := &serveOptions{socketDir: t.TempDir(), controlSocket: "/c.sock", stopGracePeriod: time.Minute}
+	_, err := o.config(sys)
+	require.ErrorContains(t, err, "discover NUMA nodes")
+	assert.Equal(t, exitFailure, exitCode(withExitCode(exitUsage, err)))
+
+	o.stopGracePeriod = 0
+	o.numaNodes = []int{0}
+	_, err = o.config(sys)
+	require.ErrorContains(t, err, "--stop-grace-period must be positive")
+	assert.Equal(t, exitUsage, exitCode(withExitCode(exitUsage, err)))
+}

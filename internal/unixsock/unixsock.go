@@ -16,6 +16,7 @@
 package unixsock
 
 import (
+	"errors"
 	"fmt"
 	"io/fs"
 	"net"
@@ -46,13 +47,15 @@ func Listen(path string, mode fs.FileMode) (*net.UnixListener, error) {
 		return nil, opError("bind", path, err)
 	}
 	lis, err := listen(sock, path, mode)
-	if err != nil {
+	if err != nil && !errors.Is(err, errReplaced) {
 		// The file is the one bind just created; nobody could connect yet.
 		_ = os.Remove(path)
-		return nil, err
 	}
-	return lis, nil
+	return lis, err
 }
+
+// errReplaced: something else is at the path bind created the socket at.
+var errReplaced = errors.New("the socket file was replaced")
 
 // listen gives the bound socket file exactly mode, then listens.
 func listen(sock *os.File, path string, mode fs.FileMode) (*net.UnixListener, error) {
@@ -88,7 +91,7 @@ func setMode(path string, mode fs.FileMode) error {
 		return opError("stat", path, err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
-		return fmt.Errorf("listen on %s: the socket file was replaced", path)
+		return fmt.Errorf("listen on %s: %w", path, errReplaced)
 	}
 	if fs.FileMode(st.Mode)&fs.ModePerm == mode {
 		return nil
