@@ -21,6 +21,13 @@ func (f *Figures) exact(t testing.TB, name string, got, want int) bool {
 	return assert.Equal(t, want, got, "figure %q", name)
 }
 
+// exactText records got as the detail name and asserts that it is want.
+func (f *Figures) exactText(t testing.TB, name, got, want string) bool {
+	t.Helper()
+	f.detail(name, got, "= "+want)
+	return assert.Equal(t, want, got, "figure %q", name)
+}
+
 // atLeast records got as the detail name and asserts that it is at least
 // floor.
 func (f *Figures) atLeast(t testing.TB, name string, got, floor int) bool {

@@ -244,3 +244,39 @@ func (l *lazyFS) selfCheck(t *testing.T) {
 	require.Empty(t, got, "LazyFS kept unsynced data across a power loss: it cannot test what it must")
 	require.NoError(t, errors.Join(os.Remove(synced), os.Remove(unsynced)))
 }
+
+// lossCounts are the temporary files the crash categories find in the
+// checkpoint directory: right after a kill (before anything else), after the
+// power loss that follows it, and after the next Start (which must remove
+// them); and the power losses LazyFS reported done.
+type lossCounts struct {
+	losses                                       int
+	tempAfterKill, tempAfterLoss, tempAfterStart int
+	maxTempAfterKill, maxTempAfterLoss           int
+}
+
+// afterKill counts, with count, the temporary files kill k left; on lz it
+// then drops the unsynced data and counts again. LazyFS applies creations at
+// once, so the power loss must remove none.
+func (c *lossCounts) afterKill(t *testing.T, k int, lz *lazyFS, count func(event string, total, most *int) int) {
+	t.Helper()
+	temps := count("the kill", &c.tempAfterKill, &c.maxTempAfterKill)
+	if lz == nil {
+		return
+	}
+	require.NoError(t, lz.powerLoss(), "power loss after kill %d", k)
+	c.losses++
+	if after := count("the power loss", &c.tempAfterLoss, &c.maxTempAfterLoss); after != temps {
+		t.Errorf("kill %d: %d temporary files after the kill, %d after the power loss: LazyFS applies creations at once", k, temps, after)
+	}
+}
+
+// recordLosses records the power-loss figures of kills kills; mostName names
+// the largest count after one loss.
+func (c *lossCounts) recordLosses(t *testing.T, fig *Figures, kills int, mostName string) {
+	t.Helper()
+	fig.Faults = c.losses
+	fig.exact(t, "power losses (LazyFS reported the unsynced data dropped)", c.losses, kills)
+	fig.exact(t, "temporary files found right after a power loss (total)", c.tempAfterLoss, c.tempAfterKill)
+	fig.atMost(t, mostName, c.maxTempAfterLoss, 1)
+}

@@ -108,15 +108,14 @@ func removeDevmgrBinary() {
 
 // serveStats are the figures of the serve categories.
 type serveStats struct {
-	kills, losses, startupKills                   int
+	kills, startupKills int
+	lossCounts
 	acked, releases                               int
 	inflightAdmitted, inflightNotAdmitted         int // admissions in flight at a kill: listed after the restart or not
 	inflightReleased, inflightNotReleased         int // releases in flight at a kill
 	checks                                        int // restarts checked
 	statusMismatches                              int
 	lost, doubled, unexpected, undecoded, refused int
-	tempAfterKill, tempAfterLoss, tempAfterStart  int
-	maxTempAfterKill, maxTempAfterLoss            int
 	startupTotal                                  time.Duration
 	startups                                      int
 }
@@ -178,14 +177,9 @@ func runServeCrash(t *testing.T, n int, lz *lazyFS) {
 		}
 		p.kill(t)
 		st.kills++
-		temps := countServeTemps(t, dirs.ckpt, k, "the kill", &st.tempAfterKill, &st.maxTempAfterKill)
-		if lz != nil {
-			require.NoError(t, lz.powerLoss(), "power loss after kill %d", k)
-			st.losses++
-			if after := countServeTemps(t, dirs.ckpt, k, "the power loss", &st.tempAfterLoss, &st.maxTempAfterLoss); after != temps {
-				t.Errorf("kill %d: %d temporary files after the kill, %d after the power loss: LazyFS applies creations at once", k, temps, after)
-			}
-		}
+		st.afterKill(t, k, lz, func(event string, total, most *int) int {
+			return countServeTemps(t, dirs.ckpt, k, event, total, most)
+		})
 	}
 	// The last kill's restart.
 	p := launchServe(t, bin, dirs)
@@ -228,11 +222,7 @@ func runServeCrash(t *testing.T, n int, lz *lazyFS) {
 	fig.atMost(t, "temporary files of one file (checkpoint or pod file) right after one kill (most)", st.maxTempAfterKill, 1)
 	fig.exact(t, "temporary files left after serve started again", st.tempAfterStart, 0)
 	if lz != nil {
-		fig.Faults = st.losses
-		fig.exact(t, "power losses (LazyFS reported the unsynced data dropped)", st.losses, st.kills)
-		// LazyFS applies creations at once: a power loss removes none.
-		fig.exact(t, "temporary files found right after a power loss (total)", st.tempAfterLoss, st.tempAfterKill)
-		fig.atMost(t, "temporary files of one file (checkpoint or pod file) right after one power loss (most)", st.maxTempAfterLoss, 1)
+		st.recordLosses(t, &fig, st.kills, "temporary files of one file (checkpoint or pod file) right after one power loss (most)")
 	}
 }
 
