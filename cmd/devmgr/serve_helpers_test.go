@@ -349,3 +349,22 @@ func staleSocket(t *testing.T, path string) {
 	require.NoError(t, l.Close())
 	require.True(t, exists(path))
 }
+
+// admitTraining starts serve on dir with args and a plugin of four GPUs,
+// waits for them, and admits the training pod; it returns serve, the
+// plugin, a client and the admission's answer.
+func admitTraining(t *testing.T, dir, ctl string, args ...string) (*serveProc, *plugintest.Plugin, *apiClient, []byte) {
+	t.Helper()
+	srv := startServe(t, ctl, args...)
+	p := startPlugin(t, dir, gpus(4))
+	api := newAPIClient(t, ctl)
+	api.waitStatus("4 allocatable devices", func(st statusResponse) bool {
+		r := st.resource(gpu)
+		return r != nil && r.Allocatable == 4
+	})
+	training, err := os.ReadFile(trainingPod)
+	require.NoError(t, err)
+	code, answer := api.do(http.MethodPost, pathPods, training)
+	require.Equal(t, http.StatusOK, code, string(answer))
+	return srv, p, api, answer
+}

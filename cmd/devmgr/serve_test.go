@@ -171,17 +171,9 @@ func TestServeRestartKeepsAllocations(t *testing.T) {
 	dir := shortTempDir(t)
 	ctl := filepath.Join(dir, "ctl.sock")
 	args := []string{"--socket-dir", dir, "--numa-nodes", "0,1", "--log-format", "json", "-v", "2"}
-	srv := startServe(t, ctl, args...)
-	p := startPlugin(t, dir, gpus(4))
-	api := newAPIClient(t, ctl)
-	api.waitStatus("4 allocatable devices", func(st statusResponse) bool {
-		r := st.resource(gpu)
-		return r != nil && r.Allocatable == 4
-	})
+	srv, p, api, before := admitTraining(t, dir, ctl, args...)
 	training, err := os.ReadFile(trainingPod)
 	require.NoError(t, err)
-	code, before := api.do(http.MethodPost, pathPods, training)
-	require.Equal(t, http.StatusOK, code, string(before))
 	var admitted admissionResponse
 	require.NoError(t, json.Unmarshal(before, &admitted))
 	held := admitted.Containers[1].Devices[gpu]
@@ -375,17 +367,7 @@ func TestServeReleasesUnacknowledgedAdmissionsAtStart(t *testing.T) {
 	dir := shortTempDir(t)
 	ctl := filepath.Join(dir, "ctl.sock")
 	args := []string{"--socket-dir", dir}
-	srv := startServe(t, ctl, args...)
-	startPlugin(t, dir, gpus(4))
-	api := newAPIClient(t, ctl)
-	api.waitStatus("4 allocatable devices", func(st statusResponse) bool {
-		r := st.resource(gpu)
-		return r != nil && r.Allocatable == 4
-	})
-	training, err := os.ReadFile(trainingPod)
-	require.NoError(t, err)
-	code, body := api.do(http.MethodPost, pathPods, training)
-	require.Equal(t, http.StatusOK, code, string(body))
+	srv, _, api, _ := admitTraining(t, dir, ctl, args...)
 	require.Equal(t, 0, srv.stop(syscall.SIGTERM))
 
 	// The pod file as a kill between the checkpoint's write and the pod
