@@ -641,7 +641,11 @@ func breakWrites(t *roleT, mech, dir string, size int) (restore func()) {
 	case "bind":
 		require.NoError(t, syscall.Mount(dir, dir, "", syscall.MS_BIND, ""))
 		require.NoError(t, syscall.Mount("", dir, "", syscall.MS_REMOUNT|syscall.MS_BIND|syscall.MS_RDONLY, ""))
-		return func() { require.NoError(t, syscall.Unmount(dir, 0)) }
+		// Detached: a manager started meanwhile holds the directory open
+		// (its lock), which keeps the mount busy; the path reaches the
+		// writable directory again at once, and the lock is on the same
+		// directory.
+		return func() { require.NoError(t, syscall.Unmount(dir, syscall.MNT_DETACH)) }
 	case "chmod":
 		require.NoError(t, os.Chmod(dir, 0o555))
 		return func() { require.NoError(t, os.Chmod(dir, 0o750)) }
