@@ -28,6 +28,14 @@ func (f *Figures) exactText(t testing.TB, name, got, want string) bool {
 	return assert.Equal(t, want, got, "figure %q", name)
 }
 
+// containsText records got as the detail name and asserts that it contains
+// part.
+func (f *Figures) containsText(t testing.TB, name, got, part string) bool {
+	t.Helper()
+	f.detail(name, got, "contains "+strconv.Quote(part))
+	return assert.Contains(t, got, part, "figure %q", name)
+}
+
 // atLeast records got as the detail name and asserts that it is at least
 // floor.
 func (f *Figures) atLeast(t testing.TB, name string, got, floor int) bool {
