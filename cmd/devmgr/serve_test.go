@@ -354,7 +354,7 @@ func TestCommandErrors(t *testing.T) {
 			"control socket "+ctl+" is in use: is another devmgr serve running?")
 		fails(t, nil, []string{"serve", "--socket-dir", dir, "--control-socket", filepath.Join(dir, "other.sock")},
 			"start device manager: device plugin socket directory in use: another device manager holds "+dir,
-			"stop it or choose another socket directory")
+			"stop it or choose another directory")
 		assert.False(t, exists(filepath.Join(dir, "other.sock")))
 	})
 	require.Equal(t, 0, srv.stop(syscall.SIGTERM))
