@@ -208,6 +208,7 @@ func (m *ManagerImpl) allocateContainerResources(ctx context.Context, pod *v1.Po
 	m.mu.Unlock()
 
 	if err := m.persist(gen); err != nil {
+		// Never admitted, so no event: the records go without a trace.
 		m.mu.Lock()
 		m.ledger.DeleteContainerResources(podUID, container.Name, resources...)
 		m.gen++
@@ -217,6 +218,7 @@ func (m *ManagerImpl) allocateContainerResources(ctx context.Context, pod *v1.Po
 			sentinel: ErrCheckpoint, cause: err,
 		}
 	}
+	m.pushAdmitted(podUID, container.Name, resources)
 	return nil
 }
 
