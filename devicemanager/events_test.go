@@ -1,6 +1,7 @@
 package devicemanager
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"testing"
@@ -9,6 +10,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/openkubelet/devmgr/plugintest"
 )
 
 // newEventsHarness is newHarness with Options.Events set. Once the test's
@@ -194,6 +197,38 @@ func TestEventsNoneWhenAResourceIsRemoved(t *testing.T) {
 	h.pods.remove(pod.UID)
 	h.m.UpdateAllocatedDevices()
 	assert.Equal(t, released(ReleasePodInactive, "p", "c", res1, ids...), nextEvent(t, ch))
+}
+
+// Two Allocate calls for the same container in flight at once: the
+// container ends up with one record, reported admitted once, and released
+// once with the same devices.
+func TestEventsOneAdmissionForConcurrentAllocateOfOneContainer(t *testing.T) {
+	h := newEventsHarness(t).start()
+	p := h.registered(res1, devices("d", 4))
+	pod := newPod("twice", ctr("c", res1, 2))
+	h.pods.add(pod)
+
+	release := p.Block(plugintest.MethodAllocate)
+	defer release()
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() { errs <- h.m.Allocate(context.Background(), pod, &pod.Spec.Containers[0]) }()
+	}
+	_, err := p.WaitForCalls(waitCtx(t), plugintest.MethodAllocate, 2)
+	require.NoError(t, err)
+	release()
+	require.NoError(t, <-errs)
+	require.NoError(t, <-errs)
+	ids := h.held(pod, "c", res1)
+	require.Len(t, ids, 2)
+
+	h.pods.remove(pod.UID)
+	h.m.UpdateAllocatedDevices()
+	require.NoError(t, h.m.Stop())
+	assert.Equal(t, []Event{
+		admitted("twice", "c", res1, ids...),
+		released(ReleasePodInactive, "twice", "c", res1, ids...),
+	}, drainEvents(t, h.m.Events()))
 }
 
 // Many pods admitted and released by concurrent workers, read by a reader
