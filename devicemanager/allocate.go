@@ -183,6 +183,15 @@ func (m *ManagerImpl) allocateContainerResources(ctx context.Context, pod *v1.Po
 	m.mu.Lock()
 	resources := make([]string, 0, len(done))
 	for _, a := range done {
+		m.inflightDoneLocked(a.rid)
+		// A concurrent Allocate of the same container may have recorded
+		// this resource first. The container keeps that record and this
+		// reservation is given back: a record is never replaced, so the
+		// undo below and the events only ever touch this call's records.
+		if m.ledger.ContainerDevices(podUID, container.Name, a.resource) != nil {
+			m.ledger.Rollback(a.rid)
+			continue
+		}
 		// The record's NUMA map reads the topology of its devices.
 		var devs podstate.DeviceInstances
 		if r := m.resources[a.resource]; r != nil {
@@ -193,13 +202,16 @@ func (m *ManagerImpl) allocateContainerResources(ctx context.Context, pod *v1.Po
 				}
 			}
 		}
-		m.inflightDoneLocked(a.rid)
 		if err := m.ledger.Commit(a.rid, devs, a.resp); err != nil {
 			// Cannot happen: nothing but this call commits or rolls back its
 			// reservations.
 			m.log.Error(err, "Failed to record allocation", keyResource, a.resource)
 		}
 		resources = append(resources, a.resource)
+	}
+	if len(resources) == 0 {
+		m.mu.Unlock()
+		return nil
 	}
 	m.gen++
 	gen := m.gen
@@ -208,6 +220,7 @@ func (m *ManagerImpl) allocateContainerResources(ctx context.Context, pod *v1.Po
 	m.mu.Unlock()
 
 	if err := m.persist(gen); err != nil {
+		// Never admitted, so no event: the records go without a trace.
 		m.mu.Lock()
 		m.ledger.DeleteContainerResources(podUID, container.Name, resources...)
 		m.gen++
@@ -217,6 +230,7 @@ func (m *ManagerImpl) allocateContainerResources(ctx context.Context, pod *v1.Po
 			sentinel: ErrCheckpoint, cause: err,
 		}
 	}
+	m.pushAdmitted(podUID, container.Name, resources)
 	return nil
 }
 

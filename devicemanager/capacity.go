@@ -190,7 +190,11 @@ func upsertResourceStatus(cs *v1.ContainerStatus, rs v1.ResourceStatus) {
 // write the checkpoint. An embedder whose pod sources become ready after
 // Start calls it then, so that what the checkpoint holds for pods that are
 // gone is released before anything reads the allocations.
-func (m *ManagerImpl) UpdateAllocatedDevices() {
+func (m *ManagerImpl) UpdateAllocatedDevices() { m.collectInactivePods(ReleasePodInactive) }
+
+// collectInactivePods is UpdateAllocatedDevices; reason goes with the
+// events of what it releases.
+func (m *ManagerImpl) collectInactivePods(reason ReleaseReason) {
 	m.mu.Lock()
 	activePods, ready := m.activePods, m.sourcesReady
 	// A pod admitted after the list is read is not in it, yet is active:
@@ -203,13 +207,15 @@ func (m *ManagerImpl) UpdateAllocatedDevices() {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.collectPodsLocked(pods, seen)
+	m.collectPodsLocked(pods, seen, reason)
 }
 
 // collectPodsLocked drops the records of pods not in active, except pods
 // being admitted and pods that committed an allocation after commit sequence
-// seen (the active list may predate them). Expects m.mu held.
-func (m *ManagerImpl) collectPodsLocked(active []*v1.Pod, seen uint64) {
+// seen (the active list may predate them), and reports them released for
+// reason. It is the only place records leave the ledger once admitted.
+// Expects m.mu held.
+func (m *ManagerImpl) collectPodsLocked(active []*v1.Pod, seen uint64, reason ReleaseReason) {
 	if m.ledger.Len() == 0 {
 		return
 	}
@@ -227,6 +233,7 @@ func (m *ManagerImpl) collectPodsLocked(active []*v1.Pod, seen uint64) {
 		return
 	}
 	slices.Sort(gone)
+	m.pushReleasedLocked(gone, reason)
 	m.ledger.DeletePods(gone...)
 	for _, uid := range gone {
 		delete(m.reuse, uid)

@@ -37,7 +37,9 @@ type ManagerImpl struct {
 	store         checkpoint.Manager
 	kubeletSocket string
 	updates       *updateQueue
-	metrics       *metrics
+	// events is nil unless Options.Events is set.
+	events  *eventQueue
+	metrics *metrics
 
 	// ctx is cancelled by Stop; every goroutine the manager starts ends with it.
 	ctx    context.Context
@@ -129,6 +131,9 @@ func NewManagerImpl(opts Options) (*ManagerImpl, error) {
 		activePods:      func() []*v1.Pod { return nil },
 		sourcesReady:    alwaysReady{},
 		doc:             checkpoint.New(nil, nil),
+	}
+	if opts.Events {
+		m.events = newEventQueue()
 	}
 	if m.metrics, err = newMetrics(m, opts.Registerer); err != nil {
 		cancel()
@@ -259,7 +264,7 @@ func (m *ManagerImpl) claimSocketDir(reconcile bool) (*net.UnixListener, fs.File
 	m.labelSocketDir()
 	m.readCheckpoint()
 	if reconcile {
-		m.UpdateAllocatedDevices()
+		m.collectInactivePods(ReleasePodInactiveAtStart)
 	}
 	m.removeTempFiles()
 	if err := m.removeStaleSockets(); err != nil {
@@ -273,7 +278,8 @@ func (m *ManagerImpl) claimSocketDir(reconcile bool) (*net.UnixListener, fs.File
 // manager, and returns when every goroutine the manager started has ended.
 // It does not write the checkpoint. Idempotent; safe before Start. After Stop
 // the getters keep answering from the last state, Allocate fails with
-// ErrStopped, and the Updates channel is closed.
+// ErrStopped, the Updates channel is closed, and the Events channel closes
+// once its reader has received what was queued.
 func (m *ManagerImpl) Stop() error {
 	m.stopOnce.Do(func() {
 		m.mu.Lock()
@@ -299,6 +305,9 @@ func (m *ManagerImpl) Stop() error {
 		}
 		m.wg.Wait()
 		m.updates.close()
+		if m.events != nil {
+			m.events.close()
+		}
 		locks.release()
 		m.log.V(2).Info("Device manager stopped")
 	})

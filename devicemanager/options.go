@@ -108,6 +108,9 @@ type Options struct {
 	// as the kubelet's plugin watcher does with
 	// /var/lib/kubelet/plugins_registry. Empty: not watched.
 	PluginsRegistryDir string
+	// Events makes the manager report each admission and release of a
+	// container's devices on Events(); false: nothing is recorded.
+	Events bool
 	// Registerer receives the manager's Prometheus metrics (the kubelet's
 	// kubelet_device_plugin_* and devmgr_*); nil: no metrics are registered.
 	Registerer prometheus.Registerer

@@ -143,6 +143,29 @@ func (l *Ledger) DeletePods(podUIDs ...string) {
 	}
 }
 
+// Holding is what one container holds of one resource.
+type Holding struct {
+	PodUID, ContainerName, Resource string
+	// DeviceIDs are distinct and sorted; the slice is the caller's.
+	DeviceIDs []string
+}
+
+// Holdings returns what the given pods hold, one Holding per container and
+// resource, in admission order. Pending reservations are not included.
+func (l *Ledger) Holdings(podUIDs ...string) []Holding {
+	want := sets.New(podUIDs...)
+	var out []Holding
+	for _, r := range l.order {
+		if want.Has(r.key.pod) {
+			out = append(out, Holding{
+				PodUID: r.key.pod, ContainerName: r.key.container, Resource: r.key.resource,
+				DeviceIDs: slices.Clone(r.ids),
+			})
+		}
+	}
+	return out
+}
+
 // DeleteContainerResources drops the records of (podUID, containerName) for
 // the given resources and releases their devices; resources without a record
 // are ignored. It undoes a container's partial admission.

@@ -228,3 +228,24 @@ func TestDevicesIncludesRecordsWithoutResponse(t *testing.T) {
 	assert.Equal(t, map[string]sets.Set[string]{res1: sets.New("a"), res2: sets.New[string]()}, l.Devices())
 	assert.True(t, proto.Equal(newResp(), l.pods["pod"]["ctr"][res2].resp))
 }
+
+func TestHoldingsInAdmissionOrder(t *testing.T) {
+	l := NewLedger()
+	l.Insert("pod2", "ctr1", res1, checkpoint.DevicesPerNUMA{0: {"d4"}}, newResp())
+	l.Insert("pod1", "ctr2", res2, checkpoint.DevicesPerNUMA{0: {"d2", "d1"}, 1: {"d1"}}, newResp())
+	l.Insert("pod3", "ctr1", res1, checkpoint.DevicesPerNUMA{0: {"d5"}}, newResp())
+	l.Insert("pod1", "ctr1", res1, checkpoint.DevicesPerNUMA{NoTopology: {"d3"}}, nil)
+	_, err := l.Reserve("pod1", "ctr3", res1, []string{"d6"})
+	require.NoError(t, err)
+
+	got := l.Holdings("pod1", "pod2", "unknown")
+	assert.Equal(t, []Holding{
+		{PodUID: "pod2", ContainerName: "ctr1", Resource: res1, DeviceIDs: []string{"d4"}},
+		{PodUID: "pod1", ContainerName: "ctr2", Resource: res2, DeviceIDs: []string{"d1", "d2"}},
+		{PodUID: "pod1", ContainerName: "ctr1", Resource: res1, DeviceIDs: []string{"d3"}},
+	}, got, "records only, no reservation, in admission order")
+
+	got[0].DeviceIDs[0] = "changed"
+	assert.Equal(t, sets.New("d4"), l.ContainerDevices("pod2", "ctr1", res1), "the IDs are a copy")
+	assert.Empty(t, l.Holdings("unknown"))
+}

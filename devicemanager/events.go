@@ -1,0 +1,186 @@
+package devicemanager
+
+import (
+	"slices"
+	"sync"
+)
+
+// EventKind says what happened to a container's devices.
+type EventKind string
+
+const (
+	// EventAdmitted means Allocate recorded the container's devices of one
+	// resource and the checkpoint holding them is on disk.
+	EventAdmitted EventKind = "Admitted"
+	// EventReleased means the manager dropped the container's record of one
+	// resource. Garbage collection drops every record of a pod at once, so
+	// a device an init container handed to a later container of the pod is
+	// in the Released event of each.
+	EventReleased EventKind = "Released"
+)
+
+// ReleaseReason says why devices were released.
+type ReleaseReason string
+
+const (
+	// ReleasePodInactive means garbage collection (UpdateAllocatedDevices,
+	// which also runs before each admission and before hints) found the pod
+	// no longer among the active pods.
+	ReleasePodInactive ReleaseReason = "PodInactive"
+	// ReleasePodInactiveAtStart means Start, given the active pods, found
+	// the pod missing from them when it restored the checkpoint: the pod
+	// ended while no manager ran, or a crash cut its admission short. No
+	// EventAdmitted of this manager precedes such an event.
+	ReleasePodInactiveAtStart ReleaseReason = "PodInactiveAtStart"
+)
+
+// Event is one change of what a container holds of one resource.
+type Event struct {
+	Kind          EventKind
+	PodUID        string
+	ContainerName string
+	ResourceName  string
+	// DeviceIDs are the container's devices of the resource, sorted.
+	DeviceIDs []string
+	// Reason is set for EventReleased only.
+	Reason ReleaseReason
+}
+
+// Events returns the channel of admissions and releases, one Event per
+// container and resource, when Options.Events is set; otherwise nil (a
+// channel that never delivers anything).
+//
+// Every record Allocate makes is reported once as EventAdmitted, and once as
+// EventReleased with the same devices when garbage collection drops it. A
+// record restored from the checkpoint is reported only when it is released.
+// Events of one container come in the order the changes happened, and no
+// event is ever dropped or merged with another: unlike Updates, whose
+// pending pod UIDs may be merged, each event here is a change an agent may
+// act on (reset or scrub a released device).
+//
+// Some changes produce no event. An allocation undone because its checkpoint
+// write failed was never admitted: Allocate returned an error. A resource
+// that GetCapacity removes after its grace period releases nothing: its
+// allocations stay, as in the kubelet, until their pods go, and are reported
+// released then.
+//
+// The manager never waits for the reader: events wait in a queue without
+// bound, and a goroutine hands them to the channel while any are queued.
+// Hence a channel, not a callback: a slow callback would hold up admissions.
+// After Stop, the events queued before it are still delivered, then the
+// channel is closed; changes after Stop are not reported. A reader must
+// receive until the channel is closed: the goroutine that feeds it ends only
+// then.
+func (m *ManagerImpl) Events() <-chan Event {
+	if m.events == nil {
+		return nil
+	}
+	return m.events.out
+}
+
+// pushReleasedLocked reports what the given pods hold as released. Expects
+// m.mu held, and the pods' records still in the ledger.
+func (m *ManagerImpl) pushReleasedLocked(podUIDs []string, reason ReleaseReason) {
+	if m.events == nil {
+		return
+	}
+	held := m.ledger.Holdings(podUIDs...)
+	evs := make([]Event, len(held))
+	for i, h := range held {
+		evs[i] = Event{
+			Kind: EventReleased, PodUID: h.PodUID, ContainerName: h.ContainerName,
+			ResourceName: h.Resource, DeviceIDs: h.DeviceIDs, Reason: reason,
+		}
+	}
+	m.events.push(evs...)
+}
+
+// pushAdmitted reports the container's records of resources as admitted.
+// The caller is the Allocate call that made them, still counted in
+// m.inflight, so garbage collection cannot have dropped them.
+func (m *ManagerImpl) pushAdmitted(podUID, container string, resources []string) {
+	if m.events == nil {
+		return
+	}
+	m.mu.Lock()
+	evs := make([]Event, 0, len(resources))
+	for _, res := range resources {
+		ids := m.ledger.ContainerDevices(podUID, container, res).UnsortedList()
+		slices.Sort(ids)
+		evs = append(evs, Event{
+			Kind: EventAdmitted, PodUID: podUID, ContainerName: container,
+			ResourceName: res, DeviceIDs: ids,
+		})
+	}
+	m.mu.Unlock()
+	m.events.push(evs...)
+}
+
+// eventQueue hands events to a channel in order without ever blocking the
+// producer or dropping one. A goroutine runs only while events are queued.
+type eventQueue struct {
+	out chan Event
+
+	// mu guards everything below.
+	mu      sync.Mutex
+	pending []Event
+	// sending is set while a goroutine feeds out.
+	sending bool
+	// closed is set by close: out is closed once pending is empty.
+	closed bool
+}
+
+func newEventQueue() *eventQueue { return &eventQueue{out: make(chan Event)} }
+
+// push queues evs; it never blocks on the reader. After close it does
+// nothing.
+func (q *eventQueue) push(evs ...Event) {
+	if len(evs) == 0 {
+		return
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return
+	}
+	q.pending = append(q.pending, evs...)
+	if !q.sending {
+		q.sending = true
+		go q.send()
+	}
+}
+
+// send hands the queued events to out, oldest first, until none is left.
+func (q *eventQueue) send() {
+	for {
+		q.mu.Lock()
+		batch := q.pending
+		q.pending = nil
+		if len(batch) == 0 {
+			q.sending = false
+			if q.closed {
+				close(q.out)
+			}
+			q.mu.Unlock()
+			return
+		}
+		q.mu.Unlock()
+		for _, ev := range batch {
+			q.out <- ev
+		}
+	}
+}
+
+// close refuses further events and closes out once the queued ones are
+// delivered. Idempotent.
+func (q *eventQueue) close() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return
+	}
+	q.closed = true
+	if !q.sending {
+		close(q.out)
+	}
+}
