@@ -67,10 +67,11 @@ type Event struct {
 // The manager never waits for the reader: events wait in a queue without
 // bound, and a goroutine hands them to the channel while any are queued.
 // Hence a channel, not a callback: a slow callback would hold up admissions.
-// After Stop, the events queued before it are still delivered, then the
-// channel is closed; changes after Stop are not reported. A reader must
-// receive until the channel is closed: the goroutine that feeds it ends only
-// then.
+// Stop closes the channel, as it closes Updates: events not yet received
+// then are dropped, and changes after Stop are not reported. A release a
+// reader missed that way is reported again by the next Start given the
+// active pods (ReleasePodInactiveAtStart), since garbage collection does not
+// write the checkpoint, unless a later admission wrote it.
 func (m *ManagerImpl) Events() <-chan Event {
 	if m.events == nil {
 		return nil
@@ -117,20 +118,24 @@ func (m *ManagerImpl) pushAdmitted(podUID, container string, resources []string)
 }
 
 // eventQueue hands events to a channel in order without ever blocking the
-// producer or dropping one. A goroutine runs only while events are queued.
+// producer or dropping one while the manager runs. A goroutine runs only while
+// events are queued; close ends it.
 type eventQueue struct {
-	out chan Event
+	out  chan Event
+	stop chan struct{} // closed by close
+	wg   sync.WaitGroup
 
 	// mu guards everything below.
 	mu      sync.Mutex
 	pending []Event
 	// sending is set while a goroutine feeds out.
 	sending bool
-	// closed is set by close: out is closed once pending is empty.
-	closed bool
+	closed  bool
 }
 
-func newEventQueue() *eventQueue { return &eventQueue{out: make(chan Event)} }
+func newEventQueue() *eventQueue {
+	return &eventQueue{out: make(chan Event), stop: make(chan struct{})}
+}
 
 // push queues evs; it never blocks on the reader. After close it does
 // nothing.
@@ -146,41 +151,46 @@ func (q *eventQueue) push(evs ...Event) {
 	q.pending = append(q.pending, evs...)
 	if !q.sending {
 		q.sending = true
+		q.wg.Add(1)
 		go q.send()
 	}
 }
 
-// send hands the queued events to out, oldest first, until none is left.
+// send hands the queued events to out, oldest first, until none is left or
+// the queue is closed.
 func (q *eventQueue) send() {
+	defer q.wg.Done()
 	for {
 		q.mu.Lock()
 		batch := q.pending
 		q.pending = nil
-		if len(batch) == 0 {
+		if len(batch) == 0 || q.closed {
 			q.sending = false
-			if q.closed {
-				close(q.out)
-			}
 			q.mu.Unlock()
 			return
 		}
 		q.mu.Unlock()
 		for _, ev := range batch {
-			q.out <- ev
+			select {
+			case q.out <- ev:
+			case <-q.stop:
+				return
+			}
 		}
 	}
 }
 
-// close refuses further events and closes out once the queued ones are
-// delivered. Idempotent.
+// close refuses further events, ends the goroutine that feeds out (events
+// not yet received are dropped) and closes out. Idempotent.
 func (q *eventQueue) close() {
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	if q.closed {
+		q.mu.Unlock()
 		return
 	}
 	q.closed = true
-	if !q.sending {
-		close(q.out)
-	}
+	close(q.stop)
+	q.mu.Unlock()
+	q.wg.Wait()
+	close(q.out)
 }

@@ -43,6 +43,16 @@ func nextEvent(t *testing.T, ch <-chan Event) Event {
 	}
 }
 
+// takeEvents reads n events from ch.
+func takeEvents(t *testing.T, ch <-chan Event, n int) []Event {
+	t.Helper()
+	out := make([]Event, 0, n)
+	for range n {
+		out = append(out, nextEvent(t, ch))
+	}
+	return out
+}
+
 // drainEvents reads ch until it is closed and returns what it read.
 func drainEvents(t *testing.T, ch <-chan Event) []Event {
 	t.Helper()
@@ -131,14 +141,14 @@ func TestEventsReleasedAtStart(t *testing.T) {
 	require.NoError(t, h.admit(gone))
 	goneIDs := h.held(gone, "c", res1)
 	h.pods.remove(gone.UID)
+	assert.Len(t, takeEvents(t, h.m.Events(), 2), 2, "two admissions")
 	require.NoError(t, h.m.Stop())
-	assert.Len(t, drainEvents(t, h.m.Events()), 2, "two admissions")
 
 	h.m = h.newManager()
 	require.NoError(t, h.m.Start(h.pods.get, h.ready, nil, nil))
+	assert.Equal(t, released(ReleasePodInactiveAtStart, "gone", "c", res1, goneIDs...), nextEvent(t, h.m.Events()))
 	require.NoError(t, h.m.Stop())
-	assert.Equal(t, []Event{released(ReleasePodInactiveAtStart, "gone", "c", res1, goneIDs...)},
-		drainEvents(t, h.m.Events()))
+	assert.Empty(t, drainEvents(t, h.m.Events()), "nothing else")
 
 	notReady := &readyFlag{}
 	h.m = h.newManager()
@@ -224,11 +234,14 @@ func TestEventsOneAdmissionForConcurrentAllocateOfOneContainer(t *testing.T) {
 
 	h.pods.remove(pod.UID)
 	h.m.UpdateAllocatedDevices()
-	require.NoError(t, h.m.Stop())
+	marker := newPod("marker", ctr("c", res1, 1))
+	h.pods.add(marker)
+	require.NoError(t, h.admit(marker))
 	assert.Equal(t, []Event{
 		admitted("twice", "c", res1, ids...),
 		released(ReleasePodInactive, "twice", "c", res1, ids...),
-	}, drainEvents(t, h.m.Events()))
+		admitted("marker", "c", res1, h.held(marker, "c", res1)...),
+	}, takeEvents(t, h.m.Events(), 3), "one admission of the container, then the marker's")
 }
 
 // Many pods admitted and released by concurrent workers, read by a reader
@@ -354,13 +367,12 @@ func TestEventsNoneDroppedWithASlowReader(t *testing.T) {
 	case <-time.After(waitTimeout):
 		t.Fatal("admissions were held up by a reader that does not read")
 	}
-	require.NoError(t, h.m.Stop())
-	assert.Equal(t, want, drainEvents(t, h.m.Events()))
+	assert.Equal(t, want, takeEvents(t, h.m.Events(), len(want)))
 }
 
-// Stop does not wait for the reader; the channel delivers what was queued,
-// then closes, and the goroutine that fed it ends. Changes after Stop are
-// not reported.
+// Stop does not wait for the reader: it closes the channel, dropping what
+// was not received, and the goroutine that fed it ends. Changes after Stop
+// are not reported.
 func TestEventsChannelClosesAfterStop(t *testing.T) {
 	t.Run("nothing queued", func(t *testing.T) {
 		leaks := newLeakCheck(t)
@@ -369,7 +381,7 @@ func TestEventsChannelClosesAfterStop(t *testing.T) {
 		assert.Empty(t, drainEvents(t, h.m.Events()))
 		leaks.verify()
 	})
-	t.Run("queued events delivered first", func(t *testing.T) {
+	t.Run("events queued for a reader that does not read", func(t *testing.T) {
 		leaks := newLeakCheck(t)
 		h := newEventsHarness(t).start()
 		p := h.registered(res1, devices("d", 3))
@@ -380,6 +392,8 @@ func TestEventsChannelClosesAfterStop(t *testing.T) {
 			require.NoError(t, h.admit(pod))
 			pods = append(pods, pod)
 		}
+		assert.Equal(t, admitted("p0", "c", res1, h.held(pods[0], "c", res1)...), nextEvent(t, h.m.Events()),
+			"the first is delivered; two wait")
 		stopped := make(chan error, 1)
 		go func() { stopped <- h.m.Stop() }()
 		select {
@@ -393,14 +407,7 @@ func TestEventsChannelClosesAfterStop(t *testing.T) {
 		}
 		h.m.UpdateAllocatedDevices() // after Stop: not reported
 		assert.Empty(t, h.m.GetDevices("p0", "c"))
-
-		got := drainEvents(t, h.m.Events())
-		require.Len(t, got, 3)
-		for i, ev := range got {
-			assert.Equal(t, admitted(fmt.Sprintf("p%d", i), "c", res1, ev.DeviceIDs...), ev)
-		}
-		_, open := <-h.m.Events()
-		assert.False(t, open)
+		assert.Empty(t, drainEvents(t, h.m.Events()), "the channel is closed; what waited is dropped")
 		p.Stop()
 		leaks.verify()
 	})
