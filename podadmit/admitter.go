@@ -66,12 +66,15 @@ func (e *AdmitError) Unwrap() error { return e.Err }
 // ones. The zero value is not usable; call New.
 type Admitter struct {
 	mgr Manager
+	// turn is held by the admission or restore in progress, so that pods are
+	// admitted one at a time.
+	turn chan struct{}
 
 	// mu guards pods, admitting, order and align.
 	mu   sync.Mutex
 	pods map[string]*entry
-	// admitting holds pods whose admission is in progress: they are active
-	// for the manager's garbage collection.
+	// admitting holds pods whose admission is in progress or waits for its
+	// turn: they are active for the manager's garbage collection.
 	admitting map[string]*v1.Pod
 	order     []string // admission order of pods
 	align     *alignment
@@ -87,6 +90,7 @@ type entry struct {
 func New(mgr Manager) *Admitter {
 	return &Admitter{
 		mgr:       mgr,
+		turn:      make(chan struct{}, 1),
 		pods:      map[string]*entry{},
 		admitting: map[string]*v1.Pod{},
 	}
@@ -107,9 +111,23 @@ func (adm *Admitter) ActivePods() []*v1.Pod {
 	return out
 }
 
+// waitTurn waits until no other admission or restore is in progress, or ctx
+// is done.
+func (adm *Admitter) waitTurn(ctx context.Context) error {
+	select {
+	case adm.turn <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (adm *Admitter) endTurn() { <-adm.turn }
+
 // Admit allocates devices to every init container, then every app
-// container of pod, in spec order, and returns what each got. A pod without
-// a UID gets a generated one,
+// container of pod, in spec order, and returns what each got. Pods are
+// admitted one at a time: Admit first waits, honouring ctx, for an admission
+// or restore in progress to end. A pod without a UID gets a generated one,
 // and one without a namespace "default"; the caller's pod is not modified.
 // Admitting an admitted pod (same UID) again returns the same answer.
 //
@@ -143,6 +161,13 @@ func (adm *Admitter) Admit(ctx context.Context, pod *v1.Pod) (*Admission, error)
 	adm.admitting[uid] = pod
 	adm.mu.Unlock()
 
+	if err := adm.waitTurn(ctx); err != nil {
+		adm.mu.Lock()
+		delete(adm.admitting, uid)
+		adm.mu.Unlock()
+		return nil, fmt.Errorf("pod %s waited for another admission: %w", uid, err)
+	}
+	defer adm.endTurn()
 	align := adm.alignment()
 	a, err := admit(ctx, adm.mgr, align, pod)
 	adm.mu.Lock()
@@ -153,7 +178,8 @@ func (adm *Admitter) Admit(ctx context.Context, pod *v1.Pod) (*Admission, error)
 	}
 	adm.mu.Unlock()
 	if err != nil {
-		// The pod is not active any more: collect whatever it got.
+		// The pod is not active any more: collect whatever it got, before
+		// the next admission counts the free devices.
 		adm.mgr.UpdateAllocatedDevices()
 		align.forget(uid)
 		return nil, err

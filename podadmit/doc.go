@@ -14,6 +14,8 @@
 //   - A restartable init container (a sidecar: RestartPolicy Always) runs
 //     beside the app containers, so it keeps its devices: no later container
 //     is given them.
+//   - The manager keeps these reusable devices for one pod, the pod being
+//     admitted. The kubelet admits one pod at a time; so does an Admitter.
 //
 // Admission is all or nothing: when a container is refused, by the policy or
 // by the manager, what the pod's earlier containers got is released before

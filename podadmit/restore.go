@@ -44,8 +44,10 @@ func (adm *Admitter) AdmittedPod(uid types.UID) (*v1.Pod, bool) {
 // container whose run options cannot be had (say its resource lost its
 // record and its plugin is not back to allocate again) keeps the devices it
 // holds, without run options: its pod stays admitted, so that nothing it
-// holds is handed to another pod, until it is released. The errors of all
-// the pods are joined.
+// holds is handed to another pod, until it is released. Restore waits for
+// an admission in progress to end; if ctx ends first, the pods are taken back
+// with their devices and no run options. The errors of all the pods are
+// joined.
 func (adm *Admitter) Restore(ctx context.Context, pods []*v1.Pod) error {
 	var errs []error
 	var todo []*v1.Pod
@@ -75,9 +77,22 @@ func (adm *Admitter) Restore(ctx context.Context, pods []*v1.Pod) error {
 	}
 	adm.mu.Unlock()
 
+	// Run options may allocate a record the manager lost, so they wait for
+	// the admission in progress like any admission. Without a turn, the pods
+	// are taken back with their devices only.
+	turnErr := adm.waitTurn(ctx)
+	if turnErr == nil {
+		defer adm.endTurn()
+	} else if len(todo) > 0 {
+		errs = append(errs, fmt.Errorf("restore pods without run options: waited for an admission: %w", turnErr))
+	}
 	for _, p := range todo {
 		a := Admission{UID: p.UID, Name: p.Name, Namespace: p.Namespace}
 		for _, c := range containersOf(p) {
+			if turnErr != nil {
+				a.Containers = append(a.Containers, Container{Name: c.Name, Devices: devicesOf(adm.mgr, p, c)})
+				continue
+			}
 			got, err := describe(ctx, adm.mgr, p, c)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("restore pod %s: %w", p.UID, err))
