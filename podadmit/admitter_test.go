@@ -98,15 +98,21 @@ func container(name string, gpus int64) v1.Container {
 		"example.com/gpu": *resource.NewQuantity(gpus, resource.DecimalSI)}}}
 }
 
-func TestAdmitOrderIdempotenceAndRelease(t *testing.T) {
-	adm, f := newTestAdmitter()
-	pod := &v1.Pod{
+// initAppPlainPod has an init container with one gpu, an app container with
+// two and an app container without device.
+func initAppPlainPod() *v1.Pod {
+	return &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "p", UID: "u1"},
 		Spec: v1.PodSpec{
 			InitContainers: []v1.Container{container("init", 1)},
 			Containers:     []v1.Container{container("app", 2), {Name: "plain"}},
 		},
 	}
+}
+
+func TestAdmittedPodIsAnsweredAgainUntilReleased(t *testing.T) {
+	adm, f := newTestAdmitter()
+	pod := initAppPlainPod()
 	a, err := adm.Admit(context.Background(), pod)
 	require.NoError(t, err)
 	assert.Equal(t, "default", a.Namespace)

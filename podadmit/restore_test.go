@@ -56,13 +56,7 @@ func TestAdmittedPodsAreCopiesInOrder(t *testing.T) {
 // garbage collection keeps their devices.
 func TestRestoreRebuildsAnswersWithoutAllocating(t *testing.T) {
 	before, f := newTestAdmitter()
-	pod := &v1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "p", UID: "u1"},
-		Spec: v1.PodSpec{
-			InitContainers: []v1.Container{container("init", 1)},
-			Containers:     []v1.Container{container("app", 2), {Name: "plain"}},
-		},
-	}
+	pod := initAppPlainPod()
 	want, err := before.Admit(context.Background(), pod)
 	require.NoError(t, err)
 	saved := before.AdmittedPods()
