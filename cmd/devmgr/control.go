@@ -2,7 +2,7 @@ package main
 
 import (
 	"github.com/openkubelet/devmgr/devicemanager"
-	"github.com/openkubelet/devmgr/internal/node"
+	"github.com/openkubelet/devmgr/podadmit"
 )
 
 // The control API of "devmgr serve": JSON over HTTP on a unix socket.
@@ -201,9 +201,9 @@ func toStatusResponse(resources []devicemanager.ResourceStatus, mgr managerJSON)
 	return out
 }
 
-func toAdmissionResponse(a node.Admission) admissionResponse {
+func toAdmissionResponse(a podadmit.Admission) admissionResponse {
 	out := admissionResponse{
-		Pod:        podRefJSON{UID: a.UID, Name: a.Name, Namespace: a.Namespace},
+		Pod:        podRefJSON{UID: string(a.UID), Name: a.Name, Namespace: a.Namespace},
 		Containers: make([]containerJSON, 0, len(a.Containers)),
 	}
 	for _, c := range a.Containers {
@@ -214,10 +214,10 @@ func toAdmissionResponse(a node.Admission) admissionResponse {
 	return out
 }
 
-func toPodsResponse(pods []node.Admission) podsResponse {
+func toPodsResponse(pods []podadmit.Admission) podsResponse {
 	out := podsResponse{Pods: make([]podJSON, 0, len(pods))}
 	for _, a := range pods {
-		pj := podJSON{UID: a.UID, Name: a.Name, Namespace: a.Namespace, Containers: make([]containerJSON, 0, len(a.Containers))}
+		pj := podJSON{UID: string(a.UID), Name: a.Name, Namespace: a.Namespace, Containers: make([]containerJSON, 0, len(a.Containers))}
 		for _, c := range a.Containers {
 			pj.Containers = append(pj.Containers, toContainerJSON(c))
 		}
@@ -226,7 +226,7 @@ func toPodsResponse(pods []node.Admission) podsResponse {
 	return out
 }
 
-func toContainerJSON(c node.Container) containerJSON {
+func toContainerJSON(c podadmit.Container) containerJSON {
 	devs := make(map[string][]string, len(c.Devices))
 	for res, ids := range c.Devices {
 		if ids == nil {

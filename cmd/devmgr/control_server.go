@@ -17,7 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/openkubelet/devmgr/devicemanager"
-	"github.com/openkubelet/devmgr/internal/node"
+	"github.com/openkubelet/devmgr/podadmit"
 	"github.com/openkubelet/devmgr/topology/policy"
 )
 
@@ -28,9 +28,9 @@ const maxPodBytes = 4 << 20
 // the node of pods admitted through it. Its handlers are safe for concurrent
 // use: the manager and the node are.
 type controlServer struct {
-	status func() []devicemanager.ResourceStatus
-	node   *node.Node
-	info   managerJSON
+	status   func() []devicemanager.ResourceStatus
+	admitter *podadmit.Admitter
+	info     managerJSON
 	// record saves the admitted pods after an admission or a release changed
 	// them; nil saves nothing.
 	record func() error
@@ -77,12 +77,12 @@ func (s *controlServer) getStatus(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (s *controlServer) listPods(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, toPodsResponse(s.node.Pods()))
+	writeJSON(w, http.StatusOK, toPodsResponse(s.admitter.Pods()))
 }
 
 func (s *controlServer) getPod(w http.ResponseWriter, r *http.Request) {
 	uid := r.PathValue("uid")
-	a, ok := s.node.Pod(types.UID(uid))
+	a, ok := s.admitter.Pod(types.UID(uid))
 	if !ok {
 		writeJSON(w, http.StatusNotFound, podNotFound(uid))
 		return
@@ -100,7 +100,7 @@ func (s *controlServer) admit(w http.ResponseWriter, r *http.Request) {
 	}
 	known := false
 	if pod.UID != "" {
-		if old, ok := s.node.AdmittedPod(pod.UID); ok {
+		if old, ok := s.admitter.AdmittedPod(pod.UID); ok {
 			if !sameRequests(old, pod) {
 				writeJSON(w, http.StatusUnprocessableEntity, errorResponse{
 					Error: fmt.Sprintf("pod %s is already admitted with other containers or device requests; release it first",
@@ -117,7 +117,7 @@ func (s *controlServer) admit(w http.ResponseWriter, r *http.Request) {
 		ns = "default" // as Admit defaults it
 	}
 	log := s.log.WithValues("pod", klog.KRef(ns, pod.Name))
-	a, err := s.node.Admit(r.Context(), pod)
+	a, err := s.admitter.Admit(r.Context(), pod)
 	if err != nil {
 		code, resp := admissionError(err)
 		log.Info("Refused pod", "podUID", pod.UID, "containerName", resp.Container, "err", resp.Error)
@@ -128,7 +128,7 @@ func (s *controlServer) admit(w http.ResponseWriter, r *http.Request) {
 		if err := s.record(); err != nil {
 			// A pod that would not come back after a restart must not hold
 			// devices now.
-			s.node.Release(a.UID)
+			s.admitter.Release(a.UID)
 			log.Error(err, "Refused pod: cannot save the admitted pods", "podUID", a.UID)
 			writeJSON(w, http.StatusInternalServerError, errorResponse{
 				Error:  fmt.Sprintf("admission undone: %v", err),
@@ -145,8 +145,8 @@ func (s *controlServer) admit(w http.ResponseWriter, r *http.Request) {
 
 func (s *controlServer) release(w http.ResponseWriter, r *http.Request) {
 	uid := r.PathValue("uid")
-	a, ok := s.node.Pod(types.UID(uid))
-	if !ok || !s.node.Release(uid) {
+	a, ok := s.admitter.Pod(types.UID(uid))
+	if !ok || !s.admitter.Release(types.UID(uid)) {
 		writeJSON(w, http.StatusNotFound, podNotFound(uid))
 		return
 	}
@@ -162,7 +162,7 @@ func (s *controlServer) release(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	log.Info("Released pod")
-	writeJSON(w, http.StatusOK, releaseResponse{Pod: podRefJSON{UID: a.UID, Name: a.Name, Namespace: a.Namespace}})
+	writeJSON(w, http.StatusOK, releaseResponse{Pod: podRefJSON{UID: string(a.UID), Name: a.Name, Namespace: a.Namespace}})
 }
 
 func podNotFound(uid string) errorResponse {
@@ -207,7 +207,7 @@ func wholeDeviceCounts(pod *v1.Pod) error {
 			q := c.Resources.Limits[v1.ResourceName(name)]
 			if strings.Contains(name, "/") && q.MilliValue()%1000 != 0 {
 				return fmt.Errorf("%w: container %q: the limit of %s must be a whole number, not %s",
-					node.ErrInvalidPod, c.Name, name, q.String())
+					podadmit.ErrInvalidPod, c.Name, name, q.String())
 			}
 		}
 	}
@@ -245,13 +245,13 @@ func sameLimits(a, b v1.ResourceList) bool {
 // whose admission failed is named apart.
 func admissionError(err error) (int, errorResponse) {
 	resp := errorResponse{Error: err.Error()}
-	if ae := (*node.AdmitError)(nil); errors.As(err, &ae) {
+	if ae := (*podadmit.AdmitError)(nil); errors.As(err, &ae) {
 		resp.Container = ae.Container
 		resp.Error = ae.Err.Error()
 	}
 	var code int
 	switch {
-	case errors.Is(err, node.ErrInvalidPod):
+	case errors.Is(err, podadmit.ErrInvalidPod):
 		code, resp.Reason = http.StatusUnprocessableEntity, reasonInvalidPod
 	case errors.Is(err, devicemanager.ErrRequestChanged):
 		code, resp.Reason = http.StatusUnprocessableEntity, reasonRequestChanged
@@ -262,7 +262,7 @@ func admissionError(err error) (int, errorResponse) {
 		code, resp.Reason = http.StatusConflict, reasonDevicesUnavailable
 	case errors.Is(err, &policy.AffinityError{}):
 		code, resp.Reason = http.StatusConflict, reasonTopologyAffinity
-	case errors.Is(err, node.ErrAdmissionInProgress):
+	case errors.Is(err, podadmit.ErrAdmissionInProgress):
 		code, resp.Reason = http.StatusConflict, reasonAdmissionInProgress
 	case errors.Is(err, devicemanager.ErrPluginCall):
 		code, resp.Reason = http.StatusBadGateway, reasonPluginFailed
@@ -280,7 +280,7 @@ func admissionError(err error) (int, errorResponse) {
 
 // deviceSummary lists, for a log entry, container/resource=ids of every
 // container holding devices.
-func deviceSummary(containers []node.Container) []string {
+func deviceSummary(containers []podadmit.Container) []string {
 	out := []string{}
 	for _, c := range containers {
 		for _, res := range sortedKeys(c.Devices) {

@@ -22,8 +22,8 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/openkubelet/devmgr/devicemanager"
-	"github.com/openkubelet/devmgr/internal/node"
 	"github.com/openkubelet/devmgr/plugintest"
+	"github.com/openkubelet/devmgr/podadmit"
 )
 
 // controlHarness serves the control API in process, over httptest and on
@@ -33,7 +33,7 @@ type controlHarness struct {
 	dir        string
 	sock       string
 	mgr        *devicemanager.ManagerImpl
-	node       *node.Node
+	admitter   *podadmit.Admitter
 	plugin     *plugintest.Plugin
 	api        *apiClient
 	failRecord atomic.Bool
@@ -41,7 +41,7 @@ type controlHarness struct {
 
 func newControlHarness(t *testing.T, devices []*pluginapi.Device, opts ...func(*devicemanager.Options)) *controlHarness {
 	t.Helper()
-	h := &controlHarness{dir: shortTempDir(t), node: node.New(nil)}
+	h := &controlHarness{dir: shortTempDir(t)}
 	o := devicemanager.Options{SocketDir: h.dir, NUMANodes: []int{0, 1}, Logger: logr.Discard()}
 	for _, f := range opts {
 		f(&o)
@@ -49,8 +49,8 @@ func newControlHarness(t *testing.T, devices []*pluginapi.Device, opts ...func(*
 	mgr, err := devicemanager.NewManagerImpl(o)
 	require.NoError(t, err)
 	h.mgr = mgr
-	h.node.SetManager(mgr)
-	require.NoError(t, mgr.Start(h.node.ActivePods, nil, nil, nil))
+	h.admitter = podadmit.New(mgr)
+	require.NoError(t, mgr.Start(h.admitter.ActivePods, nil, nil, nil))
 	t.Cleanup(func() { mgr.Stop() })
 	h.plugin = startPlugin(t, h.dir, devices)
 	require.True(t, eventually(10*time.Second, nil, func() bool {
@@ -60,14 +60,14 @@ func newControlHarness(t *testing.T, devices []*pluginapi.Device, opts ...func(*
 
 	store := newPodStore(h.dir)
 	cs := &controlServer{
-		status: mgr.Status,
-		node:   h.node,
-		info:   managerJSON{SocketDir: h.dir, CheckpointDir: h.dir, NUMANodes: []int{0, 1}},
+		status:   mgr.Status,
+		admitter: h.admitter,
+		info:     managerJSON{SocketDir: h.dir, CheckpointDir: h.dir, NUMANodes: []int{0, 1}},
 		record: func() error {
 			if h.failRecord.Load() {
 				return errors.New("save admitted pods: no space left on device")
 			}
-			return store.sync(h.node.AdmittedPods)
+			return store.sync(h.admitter.AdmittedPods)
 		},
 		log: logr.Discard(),
 	}
@@ -248,7 +248,7 @@ func TestControlAPIErrors(t *testing.T) {
 		defer h.failRecord.Store(false)
 		h.expect(t, http.MethodPost, pathPods, pod("unsaved", `"example.com/gpu":1`), http.StatusInternalServerError,
 			`{"error":"admission undone: save admitted pods: no space left on device","reason":"Internal"}`)
-		_, found := h.node.Pod("unsaved")
+		_, found := h.admitter.Pod("unsaved")
 		assert.False(t, found, "a pod that would not survive a restart holds nothing")
 		h.expect(t, http.MethodDelete, pathPods+"/held", "", http.StatusInternalServerError,
 			`{"error":"pod held released, but it comes back after a restart: save admitted pods: no space left on device","reason":"Internal"}`)
@@ -256,7 +256,7 @@ func TestControlAPIErrors(t *testing.T) {
 
 	st := h.mgr.Status()
 	assert.Equal(t, 0, st[0].Allocated, "failed admissions hold nothing")
-	assert.Empty(t, h.node.ActivePods())
+	assert.Empty(t, h.admitter.ActivePods())
 }
 
 // With --require-plugin, a resource no plugin registered fails admission, as
@@ -276,20 +276,20 @@ func TestControlAPIRequirePlugin(t *testing.T) {
 // reason, keeping the manager's message and naming the container.
 func TestAdmissionErrorCodes(t *testing.T) {
 	in := func(err error) error {
-		return &node.AdmitError{Container: "c", Err: fmt.Errorf("%w: the kubelet's words", err)}
+		return &podadmit.AdmitError{Container: "c", Err: fmt.Errorf("%w: the kubelet's words", err)}
 	}
 	for _, tc := range []struct {
 		err    error
 		code   int
 		reason string
 	}{
-		{fmt.Errorf("%w: no containers", node.ErrInvalidPod), http.StatusUnprocessableEntity, reasonInvalidPod},
+		{fmt.Errorf("%w: no containers", podadmit.ErrInvalidPod), http.StatusUnprocessableEntity, reasonInvalidPod},
 		{in(devicemanager.ErrRequestChanged), http.StatusUnprocessableEntity, reasonRequestChanged},
 		{in(devicemanager.ErrInsufficientDevices), http.StatusConflict, reasonDevicesUnavailable},
 		{in(devicemanager.ErrNoHealthyDevices), http.StatusConflict, reasonDevicesUnavailable},
 		{in(devicemanager.ErrAllocatedDeviceUnhealthy), http.StatusConflict, reasonDevicesUnavailable},
 		{in(devicemanager.ErrUnregisteredResource), http.StatusConflict, reasonDevicesUnavailable},
-		{fmt.Errorf("pod u is being admitted: %w", node.ErrAdmissionInProgress), http.StatusConflict, reasonAdmissionInProgress},
+		{fmt.Errorf("pod u is being admitted: %w", podadmit.ErrAdmissionInProgress), http.StatusConflict, reasonAdmissionInProgress},
 		{in(devicemanager.ErrPluginCall), http.StatusBadGateway, reasonPluginFailed},
 		{in(devicemanager.ErrEndpointStopped), http.StatusServiceUnavailable, reasonPluginUnavailable},
 		{in(devicemanager.ErrUnknownPlugin), http.StatusServiceUnavailable, reasonPluginUnavailable},
@@ -300,7 +300,7 @@ func TestAdmissionErrorCodes(t *testing.T) {
 		code, resp := admissionError(tc.err)
 		assert.Equal(t, tc.code, code, "%v", tc.err)
 		assert.Equal(t, tc.reason, resp.Reason, "%v", tc.err)
-		var ae *node.AdmitError
+		var ae *podadmit.AdmitError
 		if errors.As(tc.err, &ae) {
 			assert.Equal(t, "c", resp.Container)
 			assert.Equal(t, ae.Err.Error(), resp.Error, "the message is the manager's, without the container")

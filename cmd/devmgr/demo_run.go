@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -19,8 +20,8 @@ import (
 
 	"github.com/openkubelet/devmgr/checkpoint"
 	"github.com/openkubelet/devmgr/devicemanager"
-	"github.com/openkubelet/devmgr/internal/node"
 	"github.com/openkubelet/devmgr/plugintest"
+	"github.com/openkubelet/devmgr/podadmit"
 )
 
 // demoConfig configures runDemo.
@@ -35,13 +36,13 @@ type demoConfig struct {
 // demoEnv owns what the demo starts: its directory, the current manager and
 // the current plugins. close stops them all and removes the directory.
 type demoEnv struct {
-	dir     string
-	log     klog.Logger
-	mgr     *devicemanager.ManagerImpl
-	node    *node.Node
-	specs   []demoPluginSpec
-	plugins []*plugintest.Plugin // current instances, in specs order
-	stale   []*plugintest.Plugin // instances replaced by a restart
+	dir      string
+	log      klog.Logger
+	mgr      *devicemanager.ManagerImpl
+	admitter *podadmit.Admitter
+	specs    []demoPluginSpec
+	plugins  []*plugintest.Plugin // current instances, in specs order
+	stale    []*plugintest.Plugin // instances replaced by a restart
 }
 
 // runDemo runs the whole demo and returns what it saw. Everything it starts
@@ -70,9 +71,8 @@ func runDemo(ctx context.Context, cfg demoConfig) (rep *demoReport, err error) {
 }
 
 func (e *demoEnv) run(ctx context.Context, rep *demoReport, pods []demoPodFile) error {
-	// Step 1: the manager. Its active pods are the node's admitted pods.
-	e.node = node.New(nil)
-	if err := e.startManager(); err != nil {
+	// Step 1: the manager. Its active pods are the admitter's.
+	if err := e.startManager(ctx, nil); err != nil {
 		return err
 	}
 
@@ -119,9 +119,9 @@ func (e *demoEnv) run(ctx context.Context, rep *demoReport, pods []demoPodFile) 
 
 func (e *demoEnv) socket() string { return filepath.Join(e.dir, devicemanager.KubeletSocketName) }
 
-// startManager starts a manager on the demo directory and makes it the
-// node's.
-func (e *demoEnv) startManager() error {
+// startManager starts a manager on the demo directory, and an admitter
+// over it that takes back the pods admitted before a restart.
+func (e *demoEnv) startManager(ctx context.Context, admitted []*v1.Pod) error {
 	mgr, err := devicemanager.NewManagerImpl(devicemanager.Options{
 		SocketDir:   e.dir,
 		NUMANodes:   demoNUMANodes,
@@ -132,12 +132,20 @@ func (e *demoEnv) startManager() error {
 	if err != nil {
 		return err
 	}
-	if err := mgr.Start(e.node.ActivePods, nil, nil, nil); err != nil {
+	adm := podadmit.New(mgr)
+	// The manager must not collect the devices of the pods admitted before
+	// the restart until they are back.
+	var restored atomic.Bool
+	if err := mgr.Start(adm.ActivePods, readyFunc(restored.Load), nil, nil); err != nil {
 		_ = mgr.Stop()
 		return fmt.Errorf("start the device manager: %w", err)
 	}
-	e.mgr = mgr
-	e.node.SetManager(mgr)
+	if err := adm.Restore(ctx, admitted); err != nil {
+		_ = mgr.Stop()
+		return fmt.Errorf("take the admitted pods back: %w", err)
+	}
+	restored.Store(true)
+	e.mgr, e.admitter = mgr, adm
 	return nil
 }
 
@@ -239,19 +247,19 @@ func (e *demoEnv) pluginReport() []demoPlugin {
 	return out
 }
 
-// admit admits one pod through the node and reports what each container got,
+// admit admits one pod through the admitter and reports what each container got,
 // or why the pod was refused.
 func (e *demoEnv) admit(ctx context.Context, pf demoPodFile) demoPod {
 	p := demoPod{
 		File: pf.file, Name: pf.pod.Name, Namespace: pf.pod.Namespace, UID: string(pf.pod.UID),
 		Containers: []demoContainer{},
 	}
-	a, err := e.node.Admit(ctx, pf.pod)
+	a, err := e.admitter.Admit(ctx, pf.pod)
 	if err != nil {
 		p.Error = err.Error()
 		return p
 	}
-	p.Admitted, p.UID, p.Namespace = true, a.UID, a.Namespace
+	p.Admitted, p.UID, p.Namespace = true, string(a.UID), a.Namespace
 	for _, c := range a.Containers {
 		devs := c.Devices
 		if devs == nil {
@@ -348,11 +356,11 @@ type demoAlloc struct{ podUID, podName, container, resource string }
 func (e *demoEnv) allocations() ([]demoAlloc, map[demoAlloc][]string) {
 	var out []demoAlloc
 	devs := map[demoAlloc][]string{}
-	for _, a := range e.node.Pods() {
+	for _, a := range e.admitter.Pods() {
 		for _, c := range a.Containers {
-			held := e.mgr.GetDevices(a.UID, c.Name)
+			held := e.mgr.GetDevices(string(a.UID), c.Name)
 			for _, res := range slices.Sorted(maps.Keys(c.Devices)) {
-				k := demoAlloc{podUID: a.UID, podName: a.Name, container: c.Name, resource: res}
+				k := demoAlloc{podUID: string(a.UID), podName: a.Name, container: c.Name, resource: res}
 				out = append(out, k)
 				devs[k] = sets.List(sets.KeySet(held[res]))
 			}
@@ -378,10 +386,11 @@ func demoContainerSpec(pod *v1.Pod, name string) *v1.Container {
 // allocation and every container's run options with what they were.
 func (e *demoEnv) restart(ctx context.Context, podByUID map[string]*v1.Pod) (*demoRestart, error) {
 	allocs, before := e.allocations()
+	admitted := e.admitter.AdmittedPods()
 	beforeOpts := map[string]*devicemanager.DeviceRunContainerOptions{}
-	for _, a := range e.node.Pods() {
+	for _, a := range e.admitter.Pods() {
 		for _, c := range a.Containers {
-			beforeOpts[a.UID+"/"+c.Name] = c.RunOptions
+			beforeOpts[string(a.UID)+"/"+c.Name] = c.RunOptions
 		}
 	}
 
@@ -396,7 +405,7 @@ func (e *demoEnv) restart(ctx context.Context, podByUID map[string]*v1.Pod) (*de
 		File: file, Format: cp.Format, Checksum: cp.checksum, ChecksumOK: cp.ChecksumOK, Entries: len(cp.Entries),
 	}
 
-	if err := e.startManager(); err != nil {
+	if err := e.startManager(ctx, admitted); err != nil {
 		return nil, err
 	}
 	r.PluginSocketsRemoved = true
@@ -440,14 +449,14 @@ func (e *demoEnv) restart(ctx context.Context, podByUID map[string]*v1.Pod) (*de
 		r.AllSame = r.AllSame && item.Same
 		r.Allocations = append(r.Allocations, item)
 	}
-	for _, a := range e.node.Pods() {
-		pod := podByUID[a.UID]
+	for _, a := range e.admitter.Pods() {
+		pod := podByUID[string(a.UID)]
 		for _, c := range a.Containers {
 			opts, err := e.mgr.GetDeviceRunContainerOptions(ctx, pod, demoContainerSpec(pod, c.Name))
 			if err != nil {
 				return nil, fmt.Errorf("run options of %s/%s after the restart: %w", pod.Name, c.Name, err)
 			}
-			if !reflect.DeepEqual(opts, beforeOpts[a.UID+"/"+c.Name]) {
+			if !reflect.DeepEqual(opts, beforeOpts[string(a.UID)+"/"+c.Name]) {
 				r.RunOptionsSame = false
 			}
 		}

@@ -17,7 +17,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/openkubelet/devmgr/devicemanager"
-	"github.com/openkubelet/devmgr/internal/node"
+	"github.com/openkubelet/devmgr/podadmit"
 	"github.com/openkubelet/devmgr/podresources"
 	"github.com/openkubelet/devmgr/topology"
 	"github.com/openkubelet/devmgr/topology/policy"
@@ -137,7 +137,7 @@ type extras struct {
 	log          klog.Logger
 }
 
-func startExtras(cfg serveConfig, mgr *devicemanager.ManagerImpl, nd *node.Node, logger klog.Logger) (_ *extras, err error) {
+func startExtras(cfg serveConfig, mgr *devicemanager.ManagerImpl, adm *podadmit.Admitter, logger klog.Logger) (_ *extras, err error) {
 	ex := &extras{log: logger}
 	defer func() {
 		if err != nil {
@@ -149,7 +149,7 @@ func startExtras(cfg serveConfig, mgr *devicemanager.ManagerImpl, nd *node.Node,
 		if cfg.podresourcesQPS > 0 {
 			opts.Limiter = rate.NewLimiter(rate.Limit(cfg.podresourcesQPS), cfg.podresourcesBurst)
 		}
-		srv, err := podresources.NewServer(mgr, podresources.PodsFunc(nd.ActivePods), opts)
+		srv, err := podresources.NewServer(mgr, podresources.PodsFunc(adm.ActivePods), opts)
 		if err != nil {
 			return nil, fmt.Errorf("podresources: %w", err)
 		}

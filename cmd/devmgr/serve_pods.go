@@ -30,8 +30,8 @@ const podsFileVersion = 1
 // podsFile is the content of podsFileName.
 type podsFile struct {
 	Version int `json:"version"`
-	// Pods are the admitted pods in admission order, as node.AdmittedPods
-	// gives them (UID and namespace set).
+	// Pods are the admitted pods in admission order, as
+	// Admitter.AdmittedPods gives them (UID and namespace set).
 	Pods []*v1.Pod `json:"pods"`
 }
 

@@ -18,8 +18,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/openkubelet/devmgr/devicemanager"
-	"github.com/openkubelet/devmgr/internal/node"
 	"github.com/openkubelet/devmgr/internal/unixsock"
+	"github.com/openkubelet/devmgr/podadmit"
 )
 
 const (
@@ -71,7 +71,6 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 		return nil, err
 	}
 
-	nd := node.New(nil)
 	mgr, err := devicemanager.NewManagerImpl(devicemanager.Options{
 		SocketDir:          cfg.socketDir,
 		CheckpointDir:      cfg.checkpointDir,
@@ -86,14 +85,14 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("device manager: %w", err)
 	}
-	nd.SetManager(mgr)
+	adm := podadmit.New(mgr)
 	if cfg.store != nil {
-		nd.SetTopology(cfg.store, cfg.policy, mgr)
+		adm.SetTopology(cfg.store, cfg.policy, mgr)
 	}
 	// Until the admitted pods are back, the manager must not collect their
 	// devices: its pod sources are not ready.
 	var restored atomic.Bool
-	if err := mgr.Start(nd.ActivePods, readyFunc(restored.Load), nil, nil); err != nil {
+	if err := mgr.Start(adm.ActivePods, readyFunc(restored.Load), nil, nil); err != nil {
 		mgr.Stop()
 		return nil, fmt.Errorf("start device manager: %w", err)
 	}
@@ -107,12 +106,12 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 	store.removeTempFiles(logger)
 	if len(pods) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), restoreTimeout)
-		err := nd.Restore(ctx, pods)
+		err := adm.Restore(ctx, pods)
 		cancel()
 		if err != nil {
 			logger.Error(err, "Some admitted pods were restored without all their run options")
 		}
-		logger.Info("Restored admitted pods", "count", len(nd.Pods()), "path", store.path)
+		logger.Info("Restored admitted pods", "count", len(adm.Pods()), "path", store.path)
 	}
 	restored.Store(true)
 	// What the checkpoint holds for a pod the pod file lacks belongs to an
@@ -120,7 +119,7 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 	// now, so that status, pods and podresources agree from the first answer.
 	mgr.UpdateAllocatedDevices()
 
-	ex, err := startExtras(cfg, mgr, nd, logger)
+	ex, err := startExtras(cfg, mgr, adm, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -135,11 +134,11 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 	}
 	base, cancel := context.WithCancel(context.Background())
 	cs := &controlServer{
-		status: mgr.Status,
-		node:   nd,
-		info:   managerJSON{SocketDir: cfg.socketDir, CheckpointDir: cfg.checkpointDir, NUMANodes: cfg.numaNodes},
-		record: func() error { return store.sync(nd.AdmittedPods) },
-		log:    logger.WithName("control"),
+		status:   mgr.Status,
+		admitter: adm,
+		info:     managerJSON{SocketDir: cfg.socketDir, CheckpointDir: cfg.checkpointDir, NUMANodes: cfg.numaNodes},
+		record:   func() error { return store.sync(adm.AdmittedPods) },
+		log:      logger.WithName("control"),
 	}
 	s := &server{
 		log: logger,

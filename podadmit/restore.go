@@ -1,4 +1,4 @@
-package node
+package podadmit
 
 import (
 	"context"
@@ -12,21 +12,21 @@ import (
 // AdmittedPods returns copies of the admitted pods, in admission order, with
 // the UID and namespace Admit gave them: what a process saves to hand to
 // Restore after it restarts. Pods still being admitted are left out.
-func (n *Node) AdmittedPods() []*v1.Pod {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	out := make([]*v1.Pod, 0, len(n.order))
-	for _, uid := range n.order {
-		out = append(out, n.pods[uid].pod.DeepCopy())
+func (adm *Admitter) AdmittedPods() []*v1.Pod {
+	adm.mu.Lock()
+	defer adm.mu.Unlock()
+	out := make([]*v1.Pod, 0, len(adm.order))
+	for _, uid := range adm.order {
+		out = append(out, adm.pods[uid].pod.DeepCopy())
 	}
 	return out
 }
 
 // AdmittedPod returns a copy of one admitted pod, as AdmittedPods gives it.
-func (n *Node) AdmittedPod(uid types.UID) (*v1.Pod, bool) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	e, ok := n.pods[string(uid)]
+func (adm *Admitter) AdmittedPod(uid types.UID) (*v1.Pod, bool) {
+	adm.mu.Lock()
+	defer adm.mu.Unlock()
+	e, ok := adm.pods[string(uid)]
 	if !ok {
 		return nil, false
 	}
@@ -44,12 +44,14 @@ func (n *Node) AdmittedPod(uid types.UID) (*v1.Pod, bool) {
 // container whose run options cannot be had (say its resource lost its
 // record and its plugin is not back to allocate again) keeps the devices it
 // holds, without run options: its pod stays admitted, so that nothing it
-// holds is handed to another pod, until it is released. The errors of all
-// the pods are joined.
-func (n *Node) Restore(ctx context.Context, pods []*v1.Pod) error {
+// holds is handed to another pod, until it is released. Restore waits for
+// an admission in progress to end; if ctx ends first, the pods are taken back
+// with their devices and no run options. The errors of all the pods are
+// joined.
+func (adm *Admitter) Restore(ctx context.Context, pods []*v1.Pod) error {
 	var errs []error
 	var todo []*v1.Pod
-	n.mu.Lock()
+	adm.mu.Lock()
 	for _, p := range pods {
 		if err := validate(p); err != nil {
 			errs = append(errs, fmt.Errorf("restore pod: %w", err))
@@ -60,36 +62,48 @@ func (n *Node) Restore(ctx context.Context, pods []*v1.Pod) error {
 			errs = append(errs, fmt.Errorf("restore pod %q: %w: no UID", p.Name, ErrInvalidPod))
 			continue
 		}
-		if _, known := n.pods[uid]; known {
+		if _, known := adm.pods[uid]; known {
 			continue
 		}
-		if _, known := n.admitting[uid]; known {
+		if _, known := adm.admitting[uid]; known {
 			continue
 		}
 		p = p.DeepCopy()
 		if p.Namespace == "" {
 			p.Namespace = "default"
 		}
-		n.admitting[uid] = p
+		adm.admitting[uid] = p
 		todo = append(todo, p)
 	}
-	mgr := n.mgr
-	n.mu.Unlock()
+	adm.mu.Unlock()
 
+	// Run options may allocate a record the manager lost, so they wait for
+	// the admission in progress like any admission. Without a turn, the pods
+	// are taken back with their devices only.
+	turnErr := adm.waitTurn(ctx)
+	if turnErr == nil {
+		defer adm.endTurn()
+	} else if len(todo) > 0 {
+		errs = append(errs, fmt.Errorf("restore pods without run options: waited for an admission: %w", turnErr))
+	}
 	for _, p := range todo {
-		a := Admission{UID: string(p.UID), Name: p.Name, Namespace: p.Namespace}
+		a := Admission{UID: p.UID, Name: p.Name, Namespace: p.Namespace}
 		for _, c := range containersOf(p) {
-			got, err := describe(ctx, mgr, p, c)
+			if turnErr != nil {
+				a.Containers = append(a.Containers, Container{Name: c.Name, Devices: devicesOf(adm.mgr, p, c)})
+				continue
+			}
+			got, err := describe(ctx, adm.mgr, p, c)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("restore pod %s: %w", p.UID, err))
 			}
 			a.Containers = append(a.Containers, got)
 		}
-		n.mu.Lock()
-		delete(n.admitting, string(p.UID))
-		n.pods[string(p.UID)] = &entry{pod: p, admission: a}
-		n.order = append(n.order, string(p.UID))
-		n.mu.Unlock()
+		adm.mu.Lock()
+		delete(adm.admitting, string(p.UID))
+		adm.pods[string(p.UID)] = &entry{pod: p, admission: a}
+		adm.order = append(adm.order, string(p.UID))
+		adm.mu.Unlock()
 	}
 	return errors.Join(errs...)
 }

@@ -1,4 +1,4 @@
-package node
+package podadmit
 
 import (
 	"context"
@@ -29,25 +29,25 @@ func (o optsFailing) GetDeviceRunContainerOptions(ctx context.Context, pod *v1.P
 }
 
 func TestAdmittedPodsAreCopiesInOrder(t *testing.T) {
-	n, _ := newTestNode()
+	adm, _ := newTestAdmitter()
 	for _, uid := range []string{"u2", "u1"} {
-		_, err := n.Admit(context.Background(), &v1.Pod{
+		_, err := adm.Admit(context.Background(), &v1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: "p-" + uid, UID: types.UID(uid)},
 			Spec:       v1.PodSpec{Containers: []v1.Container{container("app", 1)}},
 		})
 		require.NoError(t, err)
 	}
-	pods := n.AdmittedPods()
+	pods := adm.AdmittedPods()
 	require.Len(t, pods, 2)
 	assert.Equal(t, "u2", string(pods[0].UID), "admission order")
 	assert.Equal(t, "u1", string(pods[1].UID))
 	assert.Equal(t, "default", pods[0].Namespace, "the namespace Admit gave")
 
 	pods[0].Name = "changed"
-	p, ok := n.AdmittedPod("u2")
+	p, ok := adm.AdmittedPod("u2")
 	require.True(t, ok)
 	assert.Equal(t, "p-u2", p.Name, "callers get copies")
-	_, ok = n.AdmittedPod("nope")
+	_, ok = adm.AdmittedPod("nope")
 	assert.False(t, ok)
 }
 
@@ -55,20 +55,14 @@ func TestAdmittedPodsAreCopiesInOrder(t *testing.T) {
 // pods back: the same answers, active before the first manager call, and
 // garbage collection keeps their devices.
 func TestRestoreRebuildsAnswersWithoutAllocating(t *testing.T) {
-	before, f := newTestNode()
-	pod := &v1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "p", UID: "u1"},
-		Spec: v1.PodSpec{
-			InitContainers: []v1.Container{container("init", 1)},
-			Containers:     []v1.Container{container("app", 2), {Name: "plain"}},
-		},
-	}
+	before, f := newTestAdmitter()
+	pod := initAppPlainPod()
 	want, err := before.Admit(context.Background(), pod)
 	require.NoError(t, err)
 	saved := before.AdmittedPods()
 
 	after := New(f) // the manager restored its ledger from the checkpoint
-	f.node = after
+	f.admitter = after
 	next := f.next
 	require.NoError(t, after.Restore(context.Background(), saved))
 	assert.Equal(t, next, f.next, "nothing allocated")
@@ -88,7 +82,7 @@ func TestRestoreRebuildsAnswersWithoutAllocating(t *testing.T) {
 }
 
 func TestRestoreKeepsPodsWhoseRunOptionsFail(t *testing.T) {
-	before, f := newTestNode()
+	before, f := newTestAdmitter()
 	pod := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{UID: "u1"},
 		Spec:       v1.PodSpec{Containers: []v1.Container{container("a", 1), container("b", 1)}},
@@ -98,7 +92,7 @@ func TestRestoreKeepsPodsWhoseRunOptionsFail(t *testing.T) {
 
 	boom := errors.New("endpoint has been stopped")
 	after := New(optsFailing{fakeManager: f, fail: map[string]error{"a": boom}})
-	f.node = after
+	f.admitter = after
 	err = after.Restore(context.Background(), before.AdmittedPods())
 	require.ErrorIs(t, err, boom)
 	var ae *AdmitError
@@ -114,27 +108,27 @@ func TestRestoreKeepsPodsWhoseRunOptionsFail(t *testing.T) {
 }
 
 func TestRestoreSkipsInvalidPods(t *testing.T) {
-	n, _ := newTestNode()
+	adm, _ := newTestAdmitter()
 	good := &v1.Pod{ObjectMeta: metav1.ObjectMeta{UID: "ok"}, Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c"}}}}
-	err := n.Restore(context.Background(), []*v1.Pod{
+	err := adm.Restore(context.Background(), []*v1.Pod{
 		nil,
 		{Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c"}}}}, // no UID
 		{ObjectMeta: metav1.ObjectMeta{UID: "empty"}},
 		good,
 	})
 	require.ErrorIs(t, err, ErrInvalidPod)
-	pods := n.Pods()
+	pods := adm.Pods()
 	require.Len(t, pods, 1)
-	assert.Equal(t, "ok", pods[0].UID)
+	assert.Equal(t, types.UID("ok"), pods[0].UID)
 	assert.Equal(t, "default", pods[0].Namespace)
 }
 
 func TestAdmitWhileBeingAdmittedIsRefused(t *testing.T) {
-	n, _ := newTestNode()
+	adm, _ := newTestAdmitter()
 	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{UID: "u"}, Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c"}}}}
-	n.mu.Lock()
-	n.admitting["u"] = pod
-	n.mu.Unlock()
-	_, err := n.Admit(context.Background(), pod)
+	adm.mu.Lock()
+	adm.admitting["u"] = pod
+	adm.mu.Unlock()
+	_, err := adm.Admit(context.Background(), pod)
 	assert.ErrorIs(t, err, ErrAdmissionInProgress)
 }

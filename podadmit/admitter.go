@@ -1,11 +1,4 @@
-// Package node is the small part of a kubelet that devmgr's command needs
-// around the device manager: the set of admitted pods (the manager's active
-// pods), admission of a pod's containers in order, release, and taking the
-// admitted pods back after the process restarts (AdmittedPods, Restore).
-//
-// A Node is safe for concurrent use. It starts nothing; its lifecycle is the
-// manager's.
-package node
+package podadmit
 
 import (
 	"context"
@@ -23,7 +16,8 @@ import (
 	"github.com/openkubelet/devmgr/devicemanager"
 )
 
-// Manager is what a Node needs of the device manager.
+// Manager is what an Admitter needs of the device manager;
+// *devicemanager.ManagerImpl is one.
 type Manager interface {
 	Allocate(ctx context.Context, pod *v1.Pod, container *v1.Container) error
 	GetDeviceRunContainerOptions(ctx context.Context, pod *v1.Pod, container *v1.Container) (*devicemanager.DeviceRunContainerOptions, error)
@@ -33,7 +27,8 @@ type Manager interface {
 
 // Admission is the outcome of admitting one pod.
 type Admission struct {
-	UID, Name, Namespace string
+	UID             types.UID
+	Name, Namespace string
 	// Containers: init containers first, then app containers, in spec order.
 	Containers []Container
 }
@@ -67,15 +62,19 @@ func (e *AdmitError) Error() string { return fmt.Sprintf("container %q: %v", e.C
 // Unwrap returns the manager's error.
 func (e *AdmitError) Unwrap() error { return e.Err }
 
-// Node tracks admitted pods for one device manager.
-type Node struct {
+// Admitter admits pods through one device manager and tracks the admitted
+// ones. The zero value is not usable; call New.
+type Admitter struct {
 	mgr Manager
+	// turn is held by the admission or restore in progress, so that pods are
+	// admitted one at a time.
+	turn chan struct{}
 
-	// mu guards pods, admitting and order.
+	// mu guards pods, admitting, order and align.
 	mu   sync.Mutex
 	pods map[string]*entry
-	// admitting holds pods whose admission is in progress: they are active
-	// for the manager's garbage collection.
+	// admitting holds pods whose admission is in progress or waits for its
+	// turn: they are active for the manager's garbage collection.
 	admitting map[string]*v1.Pod
 	order     []string // admission order of pods
 	align     *alignment
@@ -86,39 +85,58 @@ type entry struct {
 	admission Admission
 }
 
-// New returns a Node for mgr. Pass its ActivePods to the manager's Start.
-func New(mgr Manager) *Node {
-	return &Node{mgr: mgr, pods: map[string]*entry{}, admitting: map[string]*v1.Pod{}}
-}
-
-// SetManager sets the manager once it exists (the manager's Start needs
-// ActivePods first).
-func (n *Node) SetManager(mgr Manager) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.mgr = mgr
-}
-
-// ActivePods returns the admitted pods and those being admitted.
-func (n *Node) ActivePods() []*v1.Pod {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	out := make([]*v1.Pod, 0, len(n.pods)+len(n.admitting))
-	for _, uid := range n.order {
-		out = append(out, n.pods[uid].pod)
+// New returns an Admitter for mgr, with no pod. Pass its ActivePods to the
+// manager's Start.
+func New(mgr Manager) *Admitter {
+	return &Admitter{
+		mgr:       mgr,
+		turn:      make(chan struct{}, 1),
+		pods:      map[string]*entry{},
+		admitting: map[string]*v1.Pod{},
 	}
-	for _, p := range n.admitting {
+}
+
+// ActivePods returns the admitted pods and those being admitted: the
+// manager's devicemanager.ActivePodsFunc.
+func (adm *Admitter) ActivePods() []*v1.Pod {
+	adm.mu.Lock()
+	defer adm.mu.Unlock()
+	out := make([]*v1.Pod, 0, len(adm.pods)+len(adm.admitting))
+	for _, uid := range adm.order {
+		out = append(out, adm.pods[uid].pod)
+	}
+	for _, p := range adm.admitting {
 		out = append(out, p)
 	}
 	return out
 }
 
-// Admit allocates devices to every init container then every app container
-// of pod, in order, and returns what each got. A pod without a UID gets a
-// generated one. Admitting an admitted pod (same UID) again returns the same
-// answer. When a container fails, the pod's devices are released and the
-// error is an *AdmitError naming the container.
-func (n *Node) Admit(ctx context.Context, pod *v1.Pod) (*Admission, error) {
+// waitTurn waits until no other admission or restore is in progress, or ctx
+// is done.
+func (adm *Admitter) waitTurn(ctx context.Context) error {
+	select {
+	case adm.turn <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (adm *Admitter) endTurn() { <-adm.turn }
+
+// Admit allocates devices to every init container, then every app
+// container of pod, in spec order, and returns what each got. Pods are
+// admitted one at a time: Admit first waits, honouring ctx, for an admission
+// or restore in progress to end. A pod without a UID gets a generated one,
+// and one without a namespace "default"; the caller's pod is not modified.
+// Admitting an admitted pod (same UID) again returns the same answer.
+//
+// A pod the manager cannot reason about (no container, a container without
+// a name or named twice, a negative limit) is refused with ErrInvalidPod.
+// When a container is refused, what the pod got is released and the error is
+// an *AdmitError naming the container, wrapping the manager's error (or the
+// policy's *policy.AffinityError).
+func (adm *Admitter) Admit(ctx context.Context, pod *v1.Pod) (*Admission, error) {
 	if err := validate(pod); err != nil {
 		return nil, err
 	}
@@ -130,39 +148,47 @@ func (n *Node) Admit(ctx context.Context, pod *v1.Pod) (*Admission, error) {
 		pod.Namespace = "default"
 	}
 	uid := string(pod.UID)
-	n.mu.Lock()
-	if e, ok := n.pods[uid]; ok {
-		n.mu.Unlock()
+	adm.mu.Lock()
+	if e, ok := adm.pods[uid]; ok {
+		adm.mu.Unlock()
 		a := e.admission
 		return &a, nil
 	}
-	if _, busy := n.admitting[uid]; busy {
-		n.mu.Unlock()
+	if _, busy := adm.admitting[uid]; busy {
+		adm.mu.Unlock()
 		return nil, fmt.Errorf("pod %s is being admitted: %w", uid, ErrAdmissionInProgress)
 	}
-	n.admitting[uid] = pod
-	mgr := n.mgr
-	n.mu.Unlock()
+	adm.admitting[uid] = pod
+	adm.mu.Unlock()
 
-	a, err := admit(ctx, mgr, n.alignment(), pod)
-	n.mu.Lock()
-	delete(n.admitting, uid)
-	if err == nil {
-		n.pods[uid] = &entry{pod: pod, admission: *a}
-		n.order = append(n.order, uid)
+	if err := adm.waitTurn(ctx); err != nil {
+		adm.mu.Lock()
+		delete(adm.admitting, uid)
+		adm.mu.Unlock()
+		return nil, fmt.Errorf("pod %s waited for another admission: %w", uid, err)
 	}
-	n.mu.Unlock()
+	defer adm.endTurn()
+	align := adm.alignment()
+	a, err := admit(ctx, adm.mgr, align, pod)
+	adm.mu.Lock()
+	delete(adm.admitting, uid)
+	if err == nil {
+		adm.pods[uid] = &entry{pod: pod, admission: *a}
+		adm.order = append(adm.order, uid)
+	}
+	adm.mu.Unlock()
 	if err != nil {
-		// The pod is not active any more: collect whatever it got.
-		mgr.UpdateAllocatedDevices()
-		n.alignment().forget(uid)
+		// The pod is not active any more: collect whatever it got, before
+		// the next admission counts the free devices.
+		adm.mgr.UpdateAllocatedDevices()
+		align.forget(uid)
 		return nil, err
 	}
 	return a, nil
 }
 
 func admit(ctx context.Context, mgr Manager, align *alignment, pod *v1.Pod) (*Admission, error) {
-	a := &Admission{UID: string(pod.UID), Name: pod.Name, Namespace: pod.Namespace}
+	a := &Admission{UID: pod.UID, Name: pod.Name, Namespace: pod.Namespace}
 	containers := containersOf(pod)
 	for _, c := range containers {
 		if err := align.admit(pod, c); err != nil {
@@ -200,14 +226,21 @@ func containersOf(pod *v1.Pod) []*v1.Container {
 // devices and no run options, along with an *AdmitError.
 func describe(ctx context.Context, mgr Manager, pod *v1.Pod, c *v1.Container) (Container, error) {
 	opts, optsErr := mgr.GetDeviceRunContainerOptions(ctx, pod, c)
-	devs := map[string][]string{}
-	for res, ids := range mgr.GetDevices(string(pod.UID), c.Name) {
-		devs[res] = sets.List(sets.KeySet(ids))
-	}
+	devs := devicesOf(mgr, pod, c)
 	if optsErr != nil {
 		return Container{Name: c.Name, Devices: devs}, &AdmitError{Container: c.Name, Err: optsErr}
 	}
 	return Container{Name: c.Name, Devices: devs, RunOptions: opts}, nil
+}
+
+// devicesOf returns the sorted device IDs container c of pod holds, per
+// resource.
+func devicesOf(mgr Manager, pod *v1.Pod, c *v1.Container) map[string][]string {
+	devs := map[string][]string{}
+	for res, ids := range mgr.GetDevices(string(pod.UID), c.Name) {
+		devs[res] = sets.List(sets.KeySet(ids))
+	}
+	return devs
 }
 
 // validate refuses pods the manager cannot reason about.
@@ -236,40 +269,40 @@ func validate(pod *v1.Pod) error {
 	return nil
 }
 
-// Release forgets the pod and frees its devices. It reports whether the pod
-// was admitted.
-func (n *Node) Release(uid string) bool {
-	n.mu.Lock()
-	_, ok := n.pods[uid]
+// Release forgets the admitted pod and frees its devices (through the
+// manager's UpdateAllocatedDevices, as the kubelet's garbage collection of a
+// pod that is no longer active). It reports whether the pod was admitted.
+func (adm *Admitter) Release(uid types.UID) bool {
+	adm.mu.Lock()
+	_, ok := adm.pods[string(uid)]
 	if ok {
-		delete(n.pods, uid)
-		n.order = slices.DeleteFunc(n.order, func(u string) bool { return u == uid })
+		delete(adm.pods, string(uid))
+		adm.order = slices.DeleteFunc(adm.order, func(u string) bool { return u == string(uid) })
 	}
-	mgr := n.mgr
-	n.mu.Unlock()
+	adm.mu.Unlock()
 	if ok {
-		mgr.UpdateAllocatedDevices()
-		n.alignment().forget(uid)
+		adm.mgr.UpdateAllocatedDevices()
+		adm.alignment().forget(string(uid))
 	}
 	return ok
 }
 
 // Pods returns the admitted pods in admission order.
-func (n *Node) Pods() []Admission {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	out := make([]Admission, 0, len(n.order))
-	for _, uid := range n.order {
-		out = append(out, n.pods[uid].admission)
+func (adm *Admitter) Pods() []Admission {
+	adm.mu.Lock()
+	defer adm.mu.Unlock()
+	out := make([]Admission, 0, len(adm.order))
+	for _, uid := range adm.order {
+		out = append(out, adm.pods[uid].admission)
 	}
 	return out
 }
 
 // Pod returns one admitted pod.
-func (n *Node) Pod(uid types.UID) (Admission, bool) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	e, ok := n.pods[string(uid)]
+func (adm *Admitter) Pod(uid types.UID) (Admission, bool) {
+	adm.mu.Lock()
+	defer adm.mu.Unlock()
+	e, ok := adm.pods[string(uid)]
 	if !ok {
 		return Admission{}, false
 	}

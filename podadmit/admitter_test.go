@@ -1,4 +1,4 @@
-package node
+package podadmit
 
 import (
 	"context"
@@ -24,7 +24,7 @@ type fakeManager struct {
 	held      map[string]map[string]devicemanager.ResourceDeviceInstances // pod -> container -> devices
 	fail      map[string]error
 	collected int
-	node      *Node
+	admitter  *Admitter
 }
 
 func (f *fakeManager) Allocate(_ context.Context, pod *v1.Pod, c *v1.Container) error {
@@ -73,7 +73,7 @@ func (f *fakeManager) GetDevices(podUID, containerName string) devicemanager.Res
 // UpdateAllocatedDevices drops pods the node does not list as active.
 func (f *fakeManager) UpdateAllocatedDevices() {
 	active := map[string]bool{}
-	for _, p := range f.node.ActivePods() {
+	for _, p := range f.admitter.ActivePods() {
 		active[string(p.UID)] = true
 	}
 	f.mu.Lock()
@@ -86,11 +86,11 @@ func (f *fakeManager) UpdateAllocatedDevices() {
 	}
 }
 
-func newTestNode() (*Node, *fakeManager) {
+func newTestAdmitter() (*Admitter, *fakeManager) {
 	f := &fakeManager{fail: map[string]error{}}
-	n := New(f)
-	f.node = n
-	return n, f
+	adm := New(f)
+	f.admitter = adm
+	return adm, f
 }
 
 func container(name string, gpus int64) v1.Container {
@@ -98,16 +98,22 @@ func container(name string, gpus int64) v1.Container {
 		"example.com/gpu": *resource.NewQuantity(gpus, resource.DecimalSI)}}}
 }
 
-func TestAdmitOrderIdempotenceAndRelease(t *testing.T) {
-	n, f := newTestNode()
-	pod := &v1.Pod{
+// initAppPlainPod has an init container with one gpu, an app container with
+// two and an app container without device.
+func initAppPlainPod() *v1.Pod {
+	return &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "p", UID: "u1"},
 		Spec: v1.PodSpec{
 			InitContainers: []v1.Container{container("init", 1)},
 			Containers:     []v1.Container{container("app", 2), {Name: "plain"}},
 		},
 	}
-	a, err := n.Admit(context.Background(), pod)
+}
+
+func TestAdmittedPodIsAnsweredAgainUntilReleased(t *testing.T) {
+	adm, f := newTestAdmitter()
+	pod := initAppPlainPod()
+	a, err := adm.Admit(context.Background(), pod)
 	require.NoError(t, err)
 	assert.Equal(t, "default", a.Namespace)
 	require.Len(t, a.Containers, 3)
@@ -117,27 +123,27 @@ func TestAdmitOrderIdempotenceAndRelease(t *testing.T) {
 	assert.Empty(t, a.Containers[2].Devices)
 	assert.Nil(t, a.Containers[2].RunOptions)
 
-	again, err := n.Admit(context.Background(), pod)
+	again, err := adm.Admit(context.Background(), pod)
 	require.NoError(t, err)
 	assert.Equal(t, a, again, "idempotent")
-	assert.Len(t, n.Pods(), 1)
-	assert.Len(t, n.ActivePods(), 1)
-	got, ok := n.Pod("u1")
+	assert.Len(t, adm.Pods(), 1)
+	assert.Len(t, adm.ActivePods(), 1)
+	got, ok := adm.Pod("u1")
 	assert.True(t, ok)
 	assert.Equal(t, *a, got)
 
-	assert.True(t, n.Release("u1"))
-	assert.False(t, n.Release("u1"))
-	assert.Empty(t, n.Pods())
+	assert.True(t, adm.Release("u1"))
+	assert.False(t, adm.Release("u1"))
+	assert.Empty(t, adm.Pods())
 	assert.Empty(t, f.held, "released devices")
-	_, ok = n.Pod("u1")
+	_, ok = adm.Pod("u1")
 	assert.False(t, ok)
 }
 
 func TestAdmitGeneratesUID(t *testing.T) {
-	n, _ := newTestNode()
+	adm, _ := newTestAdmitter()
 	pod := &v1.Pod{Spec: v1.PodSpec{Containers: []v1.Container{container("app", 1)}}}
-	a, err := n.Admit(context.Background(), pod)
+	a, err := adm.Admit(context.Background(), pod)
 	require.NoError(t, err)
 	assert.NotEmpty(t, a.UID)
 	assert.Empty(t, pod.UID, "the caller's pod is not modified")
@@ -145,24 +151,24 @@ func TestAdmitGeneratesUID(t *testing.T) {
 
 // A failing container releases what earlier containers of the pod got.
 func TestAdmitFailureHoldsNothing(t *testing.T) {
-	n, f := newTestNode()
+	adm, f := newTestAdmitter()
 	boom := errors.New("requested number of devices unavailable")
 	f.fail["app"] = boom
 	pod := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{UID: "u"},
 		Spec:       v1.PodSpec{InitContainers: []v1.Container{container("init", 1)}, Containers: []v1.Container{container("app", 1)}},
 	}
-	_, err := n.Admit(context.Background(), pod)
+	_, err := adm.Admit(context.Background(), pod)
 	var ae *AdmitError
 	require.ErrorAs(t, err, &ae)
 	assert.Equal(t, "app", ae.Container)
 	assert.ErrorIs(t, err, boom)
 	assert.Empty(t, f.held)
-	assert.Empty(t, n.ActivePods())
+	assert.Empty(t, adm.ActivePods())
 }
 
 func TestAdmitRefusesInvalidPods(t *testing.T) {
-	n, _ := newTestNode()
+	adm, _ := newTestAdmitter()
 	neg := container("a", 1)
 	neg.Resources.Limits["example.com/gpu"] = resource.MustParse("-1")
 	for name, pod := range map[string]*v1.Pod{
@@ -173,7 +179,7 @@ func TestAdmitRefusesInvalidPods(t *testing.T) {
 		"negative":      {Spec: v1.PodSpec{Containers: []v1.Container{neg}}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := n.Admit(context.Background(), pod)
+			_, err := adm.Admit(context.Background(), pod)
 			assert.ErrorIs(t, err, ErrInvalidPod)
 		})
 	}
