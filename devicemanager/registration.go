@@ -302,13 +302,15 @@ func (m *ManagerImpl) onDevices(resource string, ep *endpoint.Endpoint, devs []*
 		m.gen++
 		gen = m.gen
 	}
+	// Queued before the change is visible: whoever sees the new health
+	// (GetCapacity, say) finds its owners already on their way to Updates.
+	if len(owners) > 0 {
+		m.updates.push(owners)
+	}
 	m.mu.Unlock()
 
 	m.log.V(2).Info("Device plugin reported devices", keyResource, resource, keySocket, ep.SocketPath(),
 		keyCount, len(devs), keyHealthy, healthy, "changed", len(changed))
-	if len(owners) > 0 {
-		m.updates.push(owners)
-	}
 	if healthyChanged {
 		if err := m.persist(gen); err != nil {
 			m.log.Error(err, "Failed to write checkpoint after a device update", keyResource, resource)
