@@ -18,7 +18,7 @@ import (
 )
 
 // An agent that scrubs a device (wipes its memory, resets it) once no
-// container holds it: it reads Events until the channel closes, after Stop.
+// container holds it: it reads Events until Stop closes the channel.
 func ExampleManagerImpl_Events() {
 	dir, _ := os.MkdirTemp("", "dm")
 	defer os.RemoveAll(dir)
@@ -43,7 +43,7 @@ func ExampleManagerImpl_Events() {
 		panic(err)
 	}
 	// The agent: one goroutine, ended by the channel's close.
-	agentDone := make(chan struct{})
+	agentDone, scrubbed := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(agentDone)
 		for ev := range mgr.Events() {
@@ -54,6 +54,7 @@ func ExampleManagerImpl_Events() {
 				for _, id := range ev.DeviceIDs {
 					fmt.Println("scrub", ev.ResourceName, id, "released by", ev.PodUID, ev.ContainerName, ev.Reason)
 				}
+				close(scrubbed) // this example releases once
 			}
 		}
 	}()
@@ -87,6 +88,9 @@ func ExampleManagerImpl_Events() {
 	mu.Unlock()
 	mgr.UpdateAllocatedDevices()
 
+	// Stop drops the events the agent has not received yet: stop once it
+	// has scrubbed.
+	<-scrubbed
 	_ = mgr.Stop()
 	<-agentDone
 	// Output:
