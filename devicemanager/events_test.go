@@ -15,8 +15,7 @@ import (
 )
 
 // newEventsHarness is newHarness with Options.Events set. Once the test's
-// managers are stopped, the last one's events are drained, so that a test
-// that fails early leaves no goroutine feeding the channel.
+// managers are stopped, the last one's channel must be closed.
 func newEventsHarness(t *testing.T, tune ...func(*Options)) *harness {
 	var h *harness
 	// Registered before newHarness's cleanups, so it runs after them.
