@@ -150,6 +150,9 @@ func (m *ManagerImpl) allocateContainerResources(ctx context.Context, pod *v1.Po
 	names := slices.DeleteFunc(sortedResourceNames(container.Resources.Limits), func(name string) bool {
 		return isDRABacked(pod, container.Name, name)
 	})
+	if err := m.awaitPlugins(ctx, log, podUID, container, names); err != nil {
+		return err
+	}
 	collected := false
 	for _, name := range names {
 		q := container.Resources.Limits[v1.ResourceName(name)]

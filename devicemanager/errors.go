@@ -23,7 +23,8 @@ var (
 	// no plugin instance is connected and the grace period since the last
 	// one left is not over (after a restart, every resource the checkpoint
 	// names starts so), or an instance is connected but has sent no device
-	// list since. It is transient: the caller may retry. The message is the
+	// list since. It is transient: the caller may retry, or have Allocate
+	// wait for the plugin (Options.PluginWaitTimeout). The message is the
 	// kubelet's for the same refusal ("no healthy devices present; cannot
 	// allocate unhealthy devices <res>", or "cannot allocate unregistered
 	// device <res>" for a resource only a connected plugin announced)

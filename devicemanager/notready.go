@@ -1,7 +1,12 @@
 package devicemanager
 
 import (
+	"context"
 	"errors"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/openkubelet/devmgr/podstate"
 )
@@ -10,7 +15,8 @@ import (
 // no plugin can serve it yet: its plugin is gone within the grace period
 // (after a restart, the resources the checkpoint names start so), or an
 // instance is connected but has not sent its first device list. Admission
-// refuses such a resource with ErrPluginNotReady.
+// refuses such a resource at once, or waits for it up to
+// Options.PluginWaitTimeout.
 
 // notReadyReasonLocked returns why resource name is not ready, or "" when
 // it is ready or not known at all (never registered, or removed once its
@@ -40,4 +46,55 @@ func (m *ManagerImpl) notReadyLocked(name string, err error) error {
 		return &admissionError{msg: err.Error() + ": device plugin not ready (" + why + ")", sentinel: ErrPluginNotReady}
 	}
 	return err
+}
+
+// readyChangedLocked wakes the Allocate calls waiting for a plugin. Expects
+// m.mu held.
+func (m *ManagerImpl) readyChangedLocked() {
+	close(m.readyChanged)
+	m.readyChanged = make(chan struct{})
+}
+
+// awaitPlugins waits, up to Options.PluginWaitTimeout, until none of the
+// named resources of container is refused for ErrPluginNotReady. It returns
+// nil once they are ready or the time is up (the admission then refuses
+// them as it would have at once), the refusal wrapping the context's error
+// when ctx ends first, and ErrStopped when the manager stops. m.mu is not
+// held while it waits.
+func (m *ManagerImpl) awaitPlugins(ctx context.Context, log klog.Logger, podUID string, container *v1.Container, names []string) error {
+	if m.opts.PluginWaitTimeout <= 0 {
+		return nil
+	}
+	var timer clock.Timer
+	for {
+		m.mu.Lock()
+		var notReady error
+		var waitFor string
+		for _, name := range names {
+			q := container.Resources.Limits[v1.ResourceName(name)]
+			if _, err := m.checkLocked(podUID, container.Name, name, int(q.Value())); errors.Is(err, ErrPluginNotReady) {
+				notReady, waitFor = err, name
+				break
+			}
+		}
+		changed := m.readyChanged
+		m.mu.Unlock()
+		if notReady == nil {
+			return nil
+		}
+		if timer == nil {
+			timer = m.opts.Clock.NewTimer(m.opts.PluginWaitTimeout)
+			defer timer.Stop()
+		}
+		log.V(3).Info("Waiting for a device plugin", keyResource, waitFor, keyDuration, m.opts.PluginWaitTimeout)
+		select {
+		case <-changed:
+		case <-timer.C():
+			return nil
+		case <-ctx.Done():
+			return &admissionError{msg: notReady.Error() + ": " + ctx.Err().Error(), sentinel: ErrPluginNotReady, cause: ctx.Err()}
+		case <-m.ctx.Done():
+			return ErrStopped
+		}
+	}
 }

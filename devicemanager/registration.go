@@ -287,7 +287,11 @@ func (m *ManagerImpl) onDevices(resource string, ep *endpoint.Endpoint, devs []*
 		m.mu.Unlock()
 		return // a replaced or disconnected instance
 	}
+	wasReady := r.ready()
 	changed, healthyChanged := r.setDevices(devs)
+	if !wasReady {
+		m.readyChangedLocked()
+	}
 	healthy := r.healthyLen()
 	// The owners of changed devices, in device ID order.
 	var owners []string
