@@ -114,7 +114,8 @@ A pod without metadata.uid gets a generated one, printed here. Admitting an
 admitted pod again gives the same answer. When a container cannot get its
 devices, the pod holds nothing, the error keeps the kubelet's wording, and
 admit exits 3 (1 when a plugin call failed, 5 when a resource's plugin has
-not registered again or listed its devices yet: retry later).
+not registered again or listed its devices yet: retry later, or start serve
+with --plugin-wait).
 
 Extended resources that no plugin registered are ignored, as by the kubelet
 (admission succeeds without devices), unless "devmgr serve --require-plugin"
