@@ -57,6 +57,31 @@ func (h *harness) waitWaiting() {
 	h.eventually(h.clock.HasWaiters, "Allocate waits for the plugin")
 }
 
+// requireWaiting fails the test if the Allocate call of allocateAsync has
+// returned.
+func (h *harness) requireWaiting(done <-chan error) {
+	h.t.Helper()
+	select {
+	case err := <-done:
+		require.FailNow(h.t, "Allocate returned while it should wait", "%v", err)
+	default:
+	}
+}
+
+// registeredWithoutList starts and registers a plugin of res1 whose
+// ListAndWatch stream sends nothing until release is called (or the test
+// ends).
+func (h *harness) registeredWithoutList(devs []*pluginapi.Device) (release func()) {
+	h.t.Helper()
+	p := h.plugin(res1, devs)
+	release = p.Block(plugintest.MethodListAndWatch)
+	h.t.Cleanup(release)
+	require.NoError(h.t, p.Register(h.kubeletSocket()))
+	_, err := p.WaitForCalls(h.waitCtx(), plugintest.MethodListAndWatch, 1)
+	require.NoError(h.t, err)
+	return release
+}
+
 // The sentinels tell a resource whose plugin is not back from one whose
 // plugin lists no healthy device, and both from too few free devices; the
 // message keeps the kubelet's text first.
@@ -114,16 +139,11 @@ func TestNotReadyToldApartFromUnhealthyAndInsufficient(t *testing.T) {
 // extended resource nobody serves would be.
 func TestConnectedPluginWithoutListIsNotReady(t *testing.T) {
 	h := newHarness(t).start()
-	p := h.plugin(res1, devices("dev", 2))
-	release := p.Block(plugintest.MethodListAndWatch)
-	defer release()
-	require.NoError(t, p.Register(h.kubeletSocket()))
-	_, err := p.WaitForCalls(h.waitCtx(), plugintest.MethodListAndWatch, 1)
-	require.NoError(t, err)
+	release := h.registeredWithoutList(devices("dev", 2))
 
 	pod := newPod("p", ctr("app", res1, 1))
 	h.pods.add(pod)
-	err = h.admit(pod)
+	err := h.admit(pod)
 	require.ErrorIs(t, err, ErrPluginNotReady)
 	assert.NotErrorIs(t, err, ErrUnregisteredResource)
 	assert.EqualError(t, err, "cannot allocate unregistered device "+res1+
@@ -141,11 +161,7 @@ func TestWaitForPluginAdmitsWhenItRegisters(t *testing.T) {
 	h, pod := restartedWithoutPlugin(t, func(o *Options) { o.PluginWaitTimeout = time.Minute })
 	done := h.allocateAsync(context.Background(), pod)
 	h.waitWaiting()
-	select {
-	case err := <-done:
-		require.FailNow(t, "Allocate returned before the plugin came back", "%v", err)
-	default:
-	}
+	h.requireWaiting(done)
 	h.registered(res1, devices("dev", 2))
 	require.NoError(t, h.allocateResult(done))
 	assert.Equal(t, []string{"dev1"}, h.held(pod, "app", res1), "dev0 is the restored pod's")
@@ -155,12 +171,7 @@ func TestWaitForPluginAdmitsWhenItRegisters(t *testing.T) {
 // The wait also ends when a plugin that registered sends its first list.
 func TestWaitForPluginEndsWithItsFirstList(t *testing.T) {
 	h := newHarness(t, func(o *Options) { o.PluginWaitTimeout = time.Minute }).start()
-	p := h.plugin(res1, devices("dev", 1))
-	release := p.Block(plugintest.MethodListAndWatch)
-	defer release()
-	require.NoError(t, p.Register(h.kubeletSocket()))
-	_, err := p.WaitForCalls(h.waitCtx(), plugintest.MethodListAndWatch, 1)
-	require.NoError(t, err)
+	release := h.registeredWithoutList(devices("dev", 1))
 
 	pod := newPod("p", ctr("app", res1, 1))
 	h.pods.add(pod)
@@ -177,11 +188,7 @@ func TestWaitForPluginExpires(t *testing.T) {
 	done := h.allocateAsync(context.Background(), pod)
 	h.waitWaiting()
 	h.clock.Step(time.Minute - time.Second)
-	select {
-	case err := <-done:
-		require.FailNow(t, "Allocate returned before its wait was over", "%v", err)
-	default:
-	}
+	h.requireWaiting(done)
 	h.clock.Step(time.Second)
 	err := h.allocateResult(done)
 	require.ErrorIs(t, err, ErrPluginNotReady)
@@ -237,11 +244,7 @@ func TestWaitForPluginBlocksNobodyElse(t *testing.T) {
 	h.pods.add(other)
 	require.NoError(t, h.admit(other))
 	assert.Len(t, h.m.Status(), 2)
-	select {
-	case err := <-done:
-		require.FailNow(t, "Allocate returned before its plugin came back", "%v", err)
-	default:
-	}
+	h.requireWaiting(done)
 
 	h.registered(res1, devices("dev", 2))
 	require.NoError(t, h.allocateResult(done))
