@@ -80,8 +80,9 @@ type ManagerImpl struct {
 	inflightRPCs    map[podstate.ReservationID]time.Time
 	inflightChanged chan struct{}
 	// readyChanged is closed, and replaced, when a resource that was not
-	// ready gets a device list, or a resource is removed: Allocate calls
-	// waiting for a plugin (Options.PluginWaitTimeout) look again.
+	// ready or listed no device gets a device list, or a resource is
+	// removed: Allocate calls waiting for a plugin
+	// (Options.PluginWaitTimeout) look again.
 	readyChanged chan struct{}
 	// commitSeq numbers commits of allocations; lastCommit holds each pod's
 	// last one (garbage collection must not drop a pod admitted after it

@@ -56,11 +56,13 @@ func (m *ManagerImpl) readyChangedLocked() {
 }
 
 // awaitPlugins waits, up to Options.PluginWaitTimeout, until none of the
-// named resources of container is refused for ErrPluginNotReady. It returns
-// nil once they are ready or the time is up (the admission then refuses
-// them as it would have at once), the refusal wrapping the context's error
-// when ctx ends first, and ErrStopped when the manager stops. m.mu is not
-// held while it waits.
+// named resources of container is refused for ErrPluginNotReady, nor for
+// having no healthy device while its plugin lists none at all (some plugins
+// send an empty list before their devices). It returns nil once that holds
+// or the time is up (the admission then refuses as it would have at once),
+// the refusal wrapping the context's error when ctx ends while a resource
+// is not ready, and ErrStopped when the manager stops. m.mu is not held
+// while it waits.
 func (m *ManagerImpl) awaitPlugins(ctx context.Context, log klog.Logger, podUID string, container *v1.Container, names []string) error {
 	if m.opts.PluginWaitTimeout <= 0 {
 		return nil
@@ -72,14 +74,18 @@ func (m *ManagerImpl) awaitPlugins(ctx context.Context, log klog.Logger, podUID 
 		var waitFor string
 		for _, name := range names {
 			q := container.Resources.Limits[v1.ResourceName(name)]
-			if _, err := m.checkLocked(podUID, container.Name, name, int(q.Value())); errors.Is(err, ErrPluginNotReady) {
+			_, err := m.checkLocked(podUID, container.Name, name, int(q.Value()))
+			if errors.Is(err, ErrPluginNotReady) {
 				notReady, waitFor = err, name
 				break
+			}
+			if waitFor == "" && errors.Is(err, ErrNoHealthyDevices) && len(m.resources[name].devices) == 0 {
+				waitFor = name
 			}
 		}
 		changed := m.readyChanged
 		m.mu.Unlock()
-		if notReady == nil {
+		if waitFor == "" {
 			return nil
 		}
 		if timer == nil {
@@ -92,6 +98,9 @@ func (m *ManagerImpl) awaitPlugins(ctx context.Context, log klog.Logger, podUID 
 		case <-timer.C():
 			return nil
 		case <-ctx.Done():
+			if notReady == nil {
+				return nil // the plugins have spoken: the admission refuses as they say
+			}
 			return &admissionError{msg: notReady.Error() + ": " + ctx.Err().Error(), sentinel: ErrPluginNotReady, cause: ctx.Err()}
 		case <-m.ctx.Done():
 			return ErrStopped

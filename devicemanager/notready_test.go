@@ -182,6 +182,24 @@ func TestWaitForPluginEndsWithItsFirstList(t *testing.T) {
 	assert.Equal(t, []string{"dev0"}, h.held(pod, "app", res1))
 }
 
+// An empty device list does not end the wait (some plugins send one before
+// their devices); the list that names them does.
+func TestWaitForPluginOutlastsAnEmptyList(t *testing.T) {
+	h, pod := restartedWithoutPlugin(t, func(o *Options) { o.PluginWaitTimeout = time.Minute })
+	done := h.allocateAsync(context.Background(), pod)
+	h.waitWaiting()
+	p := h.plugin(res1, nil)
+	require.NoError(t, p.Register(h.kubeletSocket()))
+	h.eventually(func() bool {
+		st := h.m.Status()
+		return len(st) == 1 && !st[0].RestoredFromCheckpoint
+	}, "the empty list is applied")
+	h.requireWaiting(done)
+	p.Update(devices("dev", 2))
+	require.NoError(t, h.allocateResult(done))
+	assert.Equal(t, []string{"dev1"}, h.held(pod, "app", res1))
+}
+
 // A wait that runs out refuses with ErrPluginNotReady, as without a wait.
 func TestWaitForPluginExpires(t *testing.T) {
 	h, pod := restartedWithoutPlugin(t, func(o *Options) { o.PluginWaitTimeout = time.Minute })

@@ -101,11 +101,12 @@ type Options struct {
 	// PluginWaitTimeout is how long Allocate waits for the plugin of a
 	// resource that is not ready (ErrPluginNotReady: after a restart, until
 	// its plugin registers again and lists its devices) before it refuses
-	// the container; one wait covers all of the container's resources. The
-	// wait ends early when the caller's context ends, with an error
-	// wrapping both ErrPluginNotReady and the context's error, and when
-	// Stop runs (ErrStopped). Zero: refuse at once. Negative durations are
-	// refused.
+	// the container; one wait covers all of the container's resources. An
+	// empty device list does not end the wait (some plugins send one
+	// before their devices). The wait ends early when the caller's context
+	// ends (for a resource still not ready, the error wraps both
+	// ErrPluginNotReady and the context's error) and when Stop runs
+	// (ErrStopped). Zero: refuse at once. Negative durations are refused.
 	PluginWaitTimeout time.Duration
 	// Clock gives stop times, the grace period and PluginWaitTimeout;
 	// default the real clock.

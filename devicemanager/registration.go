@@ -287,9 +287,9 @@ func (m *ManagerImpl) onDevices(resource string, ep *endpoint.Endpoint, devs []*
 		m.mu.Unlock()
 		return // a replaced or disconnected instance
 	}
-	wasReady := r.ready()
+	wake := !r.ready() || len(r.devices) == 0
 	changed, healthyChanged := r.setDevices(devs)
-	if !wasReady {
+	if wake {
 		m.readyChangedLocked()
 	}
 	healthy := r.healthyLen()
