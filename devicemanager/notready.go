@@ -79,7 +79,7 @@ func (m *ManagerImpl) awaitPlugins(ctx context.Context, log klog.Logger, podUID 
 				notReady, waitFor = err, name
 				break
 			}
-			if waitFor == "" && errors.Is(err, ErrNoHealthyDevices) && len(m.resources[name].devices) == 0 {
+			if waitFor == "" && errors.Is(err, ErrNoHealthyDevices) && m.resources[name].listsNothing() {
 				waitFor = name
 			}
 		}

@@ -200,6 +200,16 @@ func TestWaitForPluginOutlastsAnEmptyList(t *testing.T) {
 	assert.Equal(t, []string{"dev1"}, h.held(pod, "app", res1))
 }
 
+// Past the grace period a restored resource is not waited for: its plugin
+// is not coming back, and the kubelet's refusal stands at once.
+func TestWaitForPluginNotPastTheGracePeriod(t *testing.T) {
+	h, pod := restartedWithoutPlugin(t, func(o *Options) { o.PluginWaitTimeout = time.Hour })
+	h.clock.Step(DefaultStopGracePeriod + time.Second)
+	err := h.allocateResult(h.allocateAsync(context.Background(), pod))
+	require.ErrorIs(t, err, ErrNoHealthyDevices)
+	assert.NotErrorIs(t, err, ErrPluginNotReady)
+}
+
 // A wait that runs out refuses with ErrPluginNotReady, as without a wait.
 func TestWaitForPluginExpires(t *testing.T) {
 	h, pod := restartedWithoutPlugin(t, func(o *Options) { o.PluginWaitTimeout = time.Minute })

@@ -287,7 +287,7 @@ func (m *ManagerImpl) onDevices(resource string, ep *endpoint.Endpoint, devs []*
 		m.mu.Unlock()
 		return // a replaced or disconnected instance
 	}
-	wake := !r.ready() || len(r.devices) == 0
+	wake := !r.ready() || r.listsNothing()
 	changed, healthyChanged := r.setDevices(devs)
 	if wake {
 		m.readyChangedLocked()

@@ -75,6 +75,12 @@ func (r *resourceState) ready() bool {
 	return len(r.instances) > 0 && r.listed && !r.down
 }
 
+// listsNothing reports whether the resource is ready and its plugin lists
+// no device at all.
+func (r *resourceState) listsNothing() bool {
+	return r.ready() && len(r.devices) == 0
+}
+
 // current reports whether ep is the connected instance on its socket.
 func (r *resourceState) current(ep *endpoint.Endpoint) bool {
 	in := r.instances[ep.SocketPath()]
