@@ -147,14 +147,19 @@ func (m *ManagerImpl) allocateContainerResources(ctx context.Context, pod *v1.Po
 		}
 		m.mu.Unlock()
 	}
+	names := slices.DeleteFunc(sortedResourceNames(container.Resources.Limits), func(name string) bool {
+		return isDRABacked(pod, container.Name, name)
+	})
+	if err := m.awaitPlugins(ctx, log, podUID, container, names); err != nil {
+		return err
+	}
 	collected := false
-	for _, name := range sortedResourceNames(container.Resources.Limits) {
+	for _, name := range names {
 		q := container.Resources.Limits[v1.ResourceName(name)]
-		if isDRABacked(pod, container.Name, name) {
-			continue
-		}
 		m.mu.Lock()
-		isPlugin := m.isDevicePluginResourceLocked(name)
+		// A resource only a connected plugin announced is a device-plugin
+		// resource too: its devices are on their way.
+		isPlugin := m.isDevicePluginResourceLocked(name) || m.notReadyReasonLocked(name) != ""
 		m.mu.Unlock()
 		if !isPlugin {
 			if m.opts.requiresPlugin(name) {
@@ -318,20 +323,11 @@ func (m *ManagerImpl) allocateResource(ctx context.Context, log klog.Logger, pod
 // Expects m.mu held.
 func (m *ManagerImpl) selectionInputLocked(podUID, container, name string, required int,
 	affinity *topology.BitMask) (podstate.SelectInput, *endpoint.Endpoint, error) {
-	r := m.resources[name]
-	check := podstate.RequestCheck{
-		PodUID: podUID, ContainerName: container, Resource: name, Required: required,
-		Held:           m.ledger.ContainerDevices(podUID, container, name),
-		AlreadyRunning: !m.sourcesReady.AllReady() && m.containerMap.IsRunning(podUID, container, m.running),
-	}
-	if r != nil {
-		check.Registered = r.registered
-		check.Healthy = healthySet{r}
-	}
-	needed, err := podstate.CheckRequest(check)
+	needed, err := m.checkLocked(podUID, container, name, required)
 	if err != nil || needed == 0 {
 		return podstate.SelectInput{}, nil, err
 	}
+	r := m.resources[name] // registered, or the check would have failed
 	if r.primary == nil {
 		return podstate.SelectInput{}, nil, &admissionError{msg: "unknown Device Plugin " + name, sentinel: ErrUnknownPlugin}
 	}
@@ -351,6 +347,24 @@ func (m *ManagerImpl) selectionInputLocked(podUID, container, name string, requi
 		in.Tiers = podstate.Tiers(m.censusLocked(r).Tiers(affinity, r.sortedHealthy(), free.Has))
 	}
 	return in, r.primary, nil
+}
+
+// checkLocked runs the kubelet's admission checks for one resource and
+// returns how many devices the container still needs. A resource that is
+// not ready is refused with ErrPluginNotReady rather than for having no
+// healthy device. Expects m.mu held.
+func (m *ManagerImpl) checkLocked(podUID, container, name string, required int) (int, error) {
+	check := podstate.RequestCheck{
+		PodUID: podUID, ContainerName: container, Resource: name, Required: required,
+		Held:           m.ledger.ContainerDevices(podUID, container, name),
+		AlreadyRunning: !m.sourcesReady.AllReady() && m.containerMap.IsRunning(podUID, container, m.running),
+	}
+	if r := m.resources[name]; r != nil {
+		check.Registered = r.registered
+		check.Healthy = healthySet{r}
+	}
+	needed, err := podstate.CheckRequest(check)
+	return needed, m.notReadyLocked(name, err)
 }
 
 // healthySet presents the devices of r that count as healthy as a set.

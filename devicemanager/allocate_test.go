@@ -131,7 +131,7 @@ func TestRunningShortCutOnlyBeforeSourcesReady(t *testing.T) {
 	h.pods.add(pod)
 	require.NoError(t, h.admit(pod))
 	h.restart(podstate.ContainerMap{"cid": {PodUID: "running", ContainerName: "app"}}, sets.New("cid"))
-	require.ErrorIs(t, h.admit(pod), ErrNoHealthyDevices, "sources ready: normal checks")
+	require.ErrorIs(t, h.admit(pod), ErrPluginNotReady, "sources ready: normal checks")
 }
 
 // Run options for a resource whose plugin is gone for good fail with

@@ -49,8 +49,8 @@ func (m *ManagerImpl) GetCapacity() (capacity, allocatable v1.ResourceList, remo
 // collectResourcesLocked retires resources whose plugin is gone for good:
 // they leave capacity and the checkpoint. Their allocations stay in the
 // ledger until their pods go, and their last device list is kept, as the
-// kubelet does, for device health in pod status and for hints. Expects m.mu
-// held.
+// kubelet does, for device health in pod status and for hints. Admissions
+// waiting for their plugin look again. Expects m.mu held.
 func (m *ManagerImpl) collectResourcesLocked(names []string) {
 	for _, name := range names {
 		r := m.resources[name]
@@ -58,6 +58,7 @@ func (m *ManagerImpl) collectResourcesLocked(names []string) {
 		r.primary = nil
 		r.census = nil
 	}
+	m.readyChangedLocked()
 }
 
 // GetAllocatableDevices returns the healthy devices of every resource whose

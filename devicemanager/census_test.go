@@ -109,7 +109,7 @@ func available(m *ManagerImpl, r *resourceState) sets.Set[string] {
 // census: admissions with an affinity are tiered by the new nodes, and hints
 // count them, unhealthy devices included.
 func TestCensusFollowsTopologyOnlyUpdates(t *testing.T) {
-	m := &ManagerImpl{resources: map[string]*resourceState{}, ledger: podstate.NewLedger()}
+	m := &ManagerImpl{resources: map[string]*resourceState{}, ledger: podstate.NewLedger(), readyChanged: make(chan struct{})}
 	r := newResource(res1)
 	m.resources[res1] = r
 	r.setDevices([]*pluginapi.Device{dev("a", pluginapi.Healthy, 0), dev("b", pluginapi.Healthy, 1), dev("c", pluginapi.Unhealthy, 0)})

@@ -19,6 +19,19 @@ var (
 	// ErrAllocatedDeviceUnhealthy: "previously allocated devices are no longer
 	// healthy; cannot allocate unhealthy devices <res>".
 	ErrAllocatedDeviceUnhealthy = podstate.ErrAllocatedDeviceUnhealthy
+	// ErrPluginNotReady: the resource is known but no plugin serves it yet:
+	// no plugin instance is connected and the grace period since the last
+	// one left is not over (after a restart, every resource the checkpoint
+	// names starts so), or an instance is connected but has sent no device
+	// list since. It is transient: the caller may retry, or have Allocate
+	// wait for the plugin (Options.PluginWaitTimeout). The message is the
+	// kubelet's for the same refusal ("no healthy devices present; cannot
+	// allocate unhealthy devices <res>", or "cannot allocate unregistered
+	// device <res>" for a resource only a connected plugin announced)
+	// followed by ": device plugin not ready (<why>)". It matches neither
+	// ErrNoHealthyDevices (a connected plugin listed no healthy device) nor
+	// ErrUnregisteredResource (no plugin is known for the resource).
+	ErrPluginNotReady = errors.New("device plugin not ready")
 	// ErrInsufficientDevices: "requested number of devices unavailable for
 	// <res>. Requested: N, Available: M".
 	ErrInsufficientDevices = podstate.ErrInsufficientDevices

@@ -81,6 +81,11 @@ type ManagerImpl struct {
 	// commit). inflightChanged is closed, and replaced, when one ends.
 	inflightRPCs    map[podstate.ReservationID]time.Time
 	inflightChanged chan struct{}
+	// readyChanged is closed, and replaced, when a resource that was not
+	// ready or listed no device gets a device list, or a resource is
+	// removed: Allocate calls waiting for a plugin
+	// (Options.PluginWaitTimeout) look again.
+	readyChanged chan struct{}
 	// commitSeq numbers commits of allocations; lastCommit holds each pod's
 	// last one (garbage collection must not drop a pod admitted after it
 	// read the active pods).
@@ -128,6 +133,7 @@ func NewManagerImpl(opts Options) (*ManagerImpl, error) {
 		inflightRPCs:    map[podstate.ReservationID]time.Time{},
 		lastCommit:      map[string]uint64{},
 		inflightChanged: make(chan struct{}),
+		readyChanged:    make(chan struct{}),
 		activePods:      func() []*v1.Pod { return nil },
 		sourcesReady:    alwaysReady{},
 		doc:             checkpoint.New(nil, nil),

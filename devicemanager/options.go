@@ -98,7 +98,18 @@ type Options struct {
 	// has registered it, instead of being ignored as an admin-advertised
 	// extended resource.
 	RequirePlugin []string
-	// Clock gives stop times and the grace period; default the real clock.
+	// PluginWaitTimeout is how long Allocate waits for the plugin of a
+	// resource that is not ready (ErrPluginNotReady: after a restart, until
+	// its plugin registers again and lists its devices) before it refuses
+	// the container; one wait covers all of the container's resources. An
+	// empty device list does not end the wait (some plugins send one
+	// before their devices). The wait ends early when the caller's context
+	// ends (for a resource still not ready, the error wraps both
+	// ErrPluginNotReady and the context's error) and when Stop runs
+	// (ErrStopped). Zero: refuse at once. Negative durations are refused.
+	PluginWaitTimeout time.Duration
+	// Clock gives stop times, the grace period and PluginWaitTimeout;
+	// default the real clock.
 	Clock clock.Clock
 	// Logger is the manager's logger; default klog.Background().
 	Logger klog.Logger
@@ -146,6 +157,9 @@ func (o Options) withDefaults() (Options, error) {
 		if p == "" || strings.Contains(strings.TrimSuffix(p, "/*"), "*") {
 			return o, fmt.Errorf("bad RequirePlugin entry %q: want a resource name or domain/*", p)
 		}
+	}
+	if o.PluginWaitTimeout < 0 {
+		return o, fmt.Errorf("bad PluginWaitTimeout %s: must not be negative", o.PluginWaitTimeout)
 	}
 	if o.StopGracePeriod <= 0 {
 		o.StopGracePeriod = DefaultStopGracePeriod

@@ -202,12 +202,15 @@ func (m *ManagerImpl) admitLocked(resource, path string) error {
 
 // follow runs the ListAndWatch stream of one plugin instance until it ends,
 // then disconnects the instance. The plugin must register again to come back.
+// The end is logged once the instance is disconnected, so that whoever reads
+// the log finds the manager's state past it.
 func (m *ManagerImpl) follow(resource string, ep *endpoint.Endpoint) {
 	defer m.wg.Done()
 	err := ep.Run(m.ctx, func(msg *pluginapi.ListAndWatchResponse) {
 		m.onDevices(resource, ep, msg.GetDevices())
 		m.metrics.messageBytes.WithLabelValues(resource).Observe(float64(ep.LastMessageBytes()))
 	})
+	m.disconnect(resource, ep)
 	switch {
 	case errors.Is(err, endpoint.ErrStopped):
 		// Replaced (a re-registration) or stopped before its stream opened.
@@ -216,7 +219,6 @@ func (m *ManagerImpl) follow(resource string, ep *endpoint.Endpoint) {
 		m.metrics.rpcErrors.WithLabelValues(resource, methodListAndWatch).Inc()
 		m.log.Error(err, "ListAndWatch ended unexpectedly for device plugin", keyResource, resource, keySocket, ep.SocketPath())
 	}
-	m.disconnect(resource, ep)
 }
 
 // PluginListAndWatchReceiver applies one ListAndWatch message for
@@ -285,7 +287,11 @@ func (m *ManagerImpl) onDevices(resource string, ep *endpoint.Endpoint, devs []*
 		m.mu.Unlock()
 		return // a replaced or disconnected instance
 	}
+	wake := !r.ready() || r.listsNothing()
 	changed, healthyChanged := r.setDevices(devs)
+	if wake {
+		m.readyChangedLocked()
+	}
 	healthy := r.healthyLen()
 	// The owners of changed devices, in device ID order.
 	var owners []string

@@ -71,10 +71,10 @@ func TestRegression118559RunningContainerKeptAcrossRestart(t *testing.T) {
 	assert.Len(t, p.CallsOf(plugintest.MethodAllocate), 1, "no plugin call for a running container")
 
 	// A container that is not running gets the normal checks: the plugin is
-	// not back, so it is refused.
+	// not back, so it is refused as not ready.
 	fresh := newPod("fresh", ctr("app", res1, 1))
 	h.pods.add(fresh)
-	assert.ErrorIs(t, h.admit(fresh), ErrNoHealthyDevices)
+	assert.ErrorIs(t, h.admit(fresh), ErrPluginNotReady)
 }
 
 // kubernetes#124345: a restarted container has several IDs (the exited one and
@@ -110,8 +110,10 @@ func TestRegression124345InitContainersAndRestartedContainers(t *testing.T) {
 
 // kubernetes#109595: after a node reboot, pods were admitted before their
 // plugin came back and ran without their devices. Admission is refused with
-// the kubelet's error until the plugin reports healthy devices, then works;
-// a container whose devices are recorded and healthy needs no new call.
+// the kubelet's text, as not ready (a caller can tell it from a plugin
+// without healthy devices), until the plugin reports healthy devices, then
+// works; a container whose devices are recorded and healthy needs no new
+// call.
 func TestRegression109595NoAdmissionBeforePluginReturns(t *testing.T) {
 	h := newHarness(t).start()
 	h.registered(res1, devices("dev", 2))
@@ -123,9 +125,11 @@ func TestRegression109595NoAdmissionBeforePluginReturns(t *testing.T) {
 	fresh := newPod("fresh", ctr("app", res1, 1))
 	h.pods.add(fresh)
 	err := h.admit(fresh)
-	require.ErrorIs(t, err, ErrNoHealthyDevices)
-	assert.EqualError(t, err, "no healthy devices present; cannot allocate unhealthy devices "+res1)
-	assert.ErrorIs(t, h.admit(old), ErrNoHealthyDevices)
+	require.ErrorIs(t, err, ErrPluginNotReady)
+	assert.NotErrorIs(t, err, ErrNoHealthyDevices)
+	assert.EqualError(t, err, "no healthy devices present; cannot allocate unhealthy devices "+res1+
+		": device plugin not ready (no plugin instance is connected)")
+	assert.ErrorIs(t, h.admit(old), ErrPluginNotReady)
 
 	p := h.registered(res1, devices("dev", 2)) // the plugin restarts too
 	require.NoError(t, h.admit(old))

@@ -69,6 +69,18 @@ func (r *resourceState) served() bool {
 	return r.registered || len(r.instances) > 0
 }
 
+// ready reports whether the resource can serve admissions: an instance is
+// connected and a device list came since the last time none was.
+func (r *resourceState) ready() bool {
+	return len(r.instances) > 0 && r.listed && !r.down
+}
+
+// listsNothing reports whether the resource is ready and its plugin lists
+// no device at all.
+func (r *resourceState) listsNothing() bool {
+	return r.ready() && len(r.devices) == 0
+}
+
 // current reports whether ep is the connected instance on its socket.
 func (r *resourceState) current(ep *endpoint.Endpoint) bool {
 	in := r.instances[ep.SocketPath()]

@@ -271,7 +271,7 @@ func TestResourceMatchesModel(t *testing.T) {
 	healths := []string{pluginapi.Healthy, pluginapi.Unhealthy, "Bogus"}
 	for seed := uint64(0); seed < 3000; seed++ {
 		rng := rand.New(rand.NewPCG(seed, 1))
-		m := &ManagerImpl{resources: map[string]*resourceState{}, ledger: podstate.NewLedger()}
+		m := &ManagerImpl{resources: map[string]*resourceState{}, ledger: podstate.NewLedger(), readyChanged: make(chan struct{})}
 		r := newResource("res")
 		m.resources["res"] = r
 		ref := &refModel{devices: map[string]string{}}

@@ -376,11 +376,13 @@ func TestCapacityFollowsHealthDisconnectAndRestart(t *testing.T) {
 	assert.Empty(t, removed)
 
 	// res2 is still a device-plugin resource: admission is refused rather
-	// than ignored; res1 was forgotten and is ignored like any extended
+	// than ignored, with the kubelet's text, as not ready (devmgr's
+	// distinction); res1 was forgotten and is ignored like any extended
 	// resource no plugin serves.
 	err := h.admit(newPod("x", ctr("c", res2, 1)))
-	require.ErrorIs(t, err, ErrNoHealthyDevices)
-	assert.EqualError(t, err, "no healthy devices present; cannot allocate unhealthy devices "+res2)
+	require.ErrorIs(t, err, ErrPluginNotReady)
+	assert.EqualError(t, err, "no healthy devices present; cannot allocate unhealthy devices "+res2+
+		": device plugin not ready (no plugin instance is connected)")
 	assert.NoError(t, h.admit(newPod("y", ctr("c", res1, 1))))
 }
 

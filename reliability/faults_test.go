@@ -271,8 +271,8 @@ func deathCases() []faultCase {
 			r.waitCapacity(resGPU, 4, 0)
 			r.waitErrorLog("ListAndWatch ended unexpectedly", resGPU)
 			b := podOf("b", resGPU, 1)
-			assertRefused(t, r, b, r.admit(b), devicemanager.ErrNoHealthyDevices,
-				"no healthy devices present; cannot allocate unhealthy devices "+resGPU)
+			assertRefused(t, r, b, r.admit(b), devicemanager.ErrPluginNotReady,
+				"no healthy devices present; cannot allocate unhealthy devices "+resGPU+": device plugin not ready")
 			assert.Equal(t, held, r.held(a, resGPU))
 
 			back := r.startChild(gpuChild(""))
@@ -360,14 +360,14 @@ func deathCases() []faultCase {
 			err := waitResult(t, done, "Allocate")
 			// A failed preference means "no preference"; what ends the
 			// admission is the dead plugin: its Allocate fails, or its
-			// endpoint is already stopped, or its devices already unhealthy,
-			// depending on when the manager noticed the death.
+			// endpoint is already stopped, or the resource is already not
+			// ready, depending on when the manager noticed the death.
 			switch {
 			case errors.Is(err, devicemanager.ErrEndpointStopped):
 				assertRefused(t, r, pod, err, devicemanager.ErrEndpointStopped, "endpoint "+resGPU+" (")
 				assert.Contains(t, err.Error(), "has been stopped")
-			case errors.Is(err, devicemanager.ErrNoHealthyDevices):
-				assertRefused(t, r, pod, err, devicemanager.ErrNoHealthyDevices, "no healthy devices present")
+			case errors.Is(err, devicemanager.ErrPluginNotReady):
+				assertRefused(t, r, pod, err, devicemanager.ErrPluginNotReady, "no healthy devices present")
 			default:
 				assertRefused(t, r, pod, err, devicemanager.ErrPluginCall, "device plugin Allocate rpc for "+resGPU+" failed: ")
 			}
@@ -404,7 +404,8 @@ func hangCases() []faultCase {
 		},
 	}, {
 		// A stream has no deadline: it lives as long as the plugin. Until
-		// its first message the resource is not usable, and the rest is.
+		// its first message the resource is not ready, and the rest is
+		// usable.
 		name: "hangs in ListAndWatch", kind: kindHang, opts: shortTimeouts,
 		run: func(t *testing.T, r *rig, seen observed) {
 			p := r.plugin(resGPU, "gpu.sock", healthyDevices("d", 4))
@@ -415,7 +416,8 @@ func hangCases() []faultCase {
 			c, _ := r.capacity(resGPU)
 			assert.Equal(t, int64(-1), c, "not registered before its first message")
 			pod := podOf("p", resGPU, 1)
-			assertRefused(t, r, pod, r.admit(pod), devicemanager.ErrUnregisteredResource, "cannot allocate unregistered device "+resGPU)
+			assertRefused(t, r, pod, r.admit(pod), devicemanager.ErrPluginNotReady,
+				"cannot allocate unregistered device "+resGPU+": device plugin not ready (its plugin has not listed its devices yet)")
 			r.by.admit(t)
 			// Seen as a stream the manager opened and still waits on while
 			// it served the rest.
@@ -759,8 +761,8 @@ func answerCases() []faultCase {
 			seen.saw(kindRefused, r.waitErrorLog("ListAndWatch ended unexpectedly", "ResourceExhausted") != "")
 			r.waitCapacity(resGPU, 4, 0)
 			b := podOf("b", resGPU, 1)
-			assertRefused(t, r, b, r.admit(b), devicemanager.ErrNoHealthyDevices,
-				"no healthy devices present; cannot allocate unhealthy devices "+resGPU)
+			assertRefused(t, r, b, r.admit(b), devicemanager.ErrPluginNotReady,
+				"no healthy devices present; cannot allocate unhealthy devices "+resGPU+": device plugin not ready")
 			assert.Equal(t, held, r.held(a, resGPU))
 
 			p.Update(healthyDevices("d", 4))
@@ -815,8 +817,8 @@ func answerCases() []faultCase {
 			p.CloseStreams()
 			r.waitCapacity(resGPU, 4, 0)
 			b := podOf("b", resGPU, 1)
-			seen.saw(kindRead, assertRefused(t, r, b, r.admit(b), devicemanager.ErrNoHealthyDevices,
-				"no healthy devices present; cannot allocate unhealthy devices "+resGPU))
+			seen.saw(kindRead, assertRefused(t, r, b, r.admit(b), devicemanager.ErrPluginNotReady,
+				"no healthy devices present; cannot allocate unhealthy devices "+resGPU+": device plugin not ready"))
 			r.register(p)
 			requireAllFree(t, r, "rest", resGPU, 3)
 		},

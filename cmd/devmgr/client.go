@@ -113,7 +113,9 @@ annotations and CDI devices.
 A pod without metadata.uid gets a generated one, printed here. Admitting an
 admitted pod again gives the same answer. When a container cannot get its
 devices, the pod holds nothing, the error keeps the kubelet's wording, and
-admit exits 3 (1 when a plugin call failed).
+admit exits 3 (1 when a plugin call failed, 5 when a resource's plugin has
+not registered again or listed its devices yet: retry later, or start serve
+with --plugin-wait).
 
 Extended resources that no plugin registered are ignored, as by the kubelet
 (admission succeeds without devices), unless "devmgr serve --require-plugin"
@@ -263,17 +265,21 @@ func (o *clientOptions) call(cmd *cobra.Command, method, path string, body []byt
 
 // answerError turns an error answer into an error: the server's message,
 // the container it names, and the HTTP status. Its exit code follows the
-// status: a refusal (409, 422), not found (404), or any other failure.
+// status: a refusal (409, 422), not found (404), a plugin not ready (503
+// with reason PluginNotReady), or any other failure.
 func answerError(resp *http.Response, raw []byte) error {
-	code := exitFailure
-	switch resp.StatusCode {
-	case http.StatusConflict, http.StatusUnprocessableEntity:
-		code = exitRefused
-	case http.StatusNotFound:
-		code = exitNotFound
-	}
 	var e errorResponse
-	if err := json.Unmarshal(raw, &e); err != nil || e.Error == "" {
+	decodeErr := json.Unmarshal(raw, &e)
+	code := exitFailure
+	switch {
+	case resp.StatusCode == http.StatusConflict, resp.StatusCode == http.StatusUnprocessableEntity:
+		code = exitRefused
+	case resp.StatusCode == http.StatusNotFound:
+		code = exitNotFound
+	case resp.StatusCode == http.StatusServiceUnavailable && e.Reason == reasonPluginNotReady:
+		code = exitNotReady
+	}
+	if decodeErr != nil || e.Error == "" {
 		return &exitError{code: code, err: fmt.Errorf("devmgr serve answered %s: %s", resp.Status, strings.TrimSpace(string(raw)))}
 	}
 	msg := e.Error

@@ -157,6 +157,7 @@ const (
 	reasonTopologyAffinity    = "TopologyAffinityError" // 409: the topology policy refused the container (the kubelet's reason)
 	reasonPluginFailed        = "PluginFailed"          // 502: a plugin call failed
 	reasonPluginUnavailable   = "PluginUnavailable"     // 503: the resource's plugin is gone
+	reasonPluginNotReady      = "PluginNotReady"        // 503 with Retry-After: the resource's plugin is not back yet; retry
 	reasonTimeout             = "Timeout"               // 504
 	reasonNotFound            = "NotFound"              // 404
 	reasonMethodNotAllowed    = "MethodNotAllowed"      // 405

@@ -9,7 +9,9 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -23,6 +25,11 @@ import (
 
 // maxPodBytes bounds a request body.
 const maxPodBytes = 4 << 20
+
+// notReadyRetryAfter is the Retry-After of an admission refused because a
+// resource's plugin is not ready: plugins register again within seconds of
+// kubelet.sock appearing.
+const notReadyRetryAfter = 5 * time.Second
 
 // controlServer serves the control API (see control.go) for one manager and
 // the node of pods admitted through it. Its handlers are safe for concurrent
@@ -121,6 +128,9 @@ func (s *controlServer) admit(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		code, resp := admissionError(err)
 		log.Info("Refused pod", "podUID", pod.UID, "containerName", resp.Container, "err", resp.Error)
+		if resp.Reason == reasonPluginNotReady {
+			w.Header().Set("Retry-After", strconv.Itoa(int(notReadyRetryAfter/time.Second)))
+		}
 		writeJSON(w, code, resp)
 		return
 	}
@@ -251,6 +261,10 @@ func admissionError(err error) (int, errorResponse) {
 	}
 	var code int
 	switch {
+	case errors.Is(err, devicemanager.ErrPluginNotReady):
+		// Before the timeouts: a wait for the plugin that the client's
+		// going away ended wraps the context's error too.
+		code, resp.Reason = http.StatusServiceUnavailable, reasonPluginNotReady
 	case errors.Is(err, podadmit.ErrInvalidPod):
 		code, resp.Reason = http.StatusUnprocessableEntity, reasonInvalidPod
 	case errors.Is(err, devicemanager.ErrRequestChanged):

@@ -294,6 +294,9 @@ func TestAdmissionErrorCodes(t *testing.T) {
 		{in(devicemanager.ErrEndpointStopped), http.StatusServiceUnavailable, reasonPluginUnavailable},
 		{in(devicemanager.ErrUnknownPlugin), http.StatusServiceUnavailable, reasonPluginUnavailable},
 		{in(devicemanager.ErrStopped), http.StatusServiceUnavailable, reasonPluginUnavailable},
+		{in(devicemanager.ErrPluginNotReady), http.StatusServiceUnavailable, reasonPluginNotReady},
+		{&podadmit.AdmitError{Container: "c", Err: fmt.Errorf("not back: %w", errors.Join(devicemanager.ErrPluginNotReady, context.Canceled))},
+			http.StatusServiceUnavailable, reasonPluginNotReady},
 		{in(context.DeadlineExceeded), http.StatusGatewayTimeout, reasonTimeout},
 		{errors.New("something else"), http.StatusInternalServerError, reasonInternal},
 	} {

@@ -135,7 +135,7 @@ func TestExitCodes(t *testing.T) {
 	t.Run("the help lists the codes", func(t *testing.T) {
 		res := devmgr(t, "", "--help")
 		require.Equal(t, exitOK, res.code)
-		for _, code := range []int{exitOK, exitFailure, exitUsage, exitRefused, exitNotFound} {
+		for _, code := range []int{exitOK, exitFailure, exitUsage, exitRefused, exitNotFound, exitNotReady} {
 			assert.Regexp(t, fmt.Sprintf(`(?m)^  %d  \S`, code), res.stdout)
 		}
 		assert.Contains(t, res.stdout, exitCodesHelp)

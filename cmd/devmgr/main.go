@@ -50,6 +50,10 @@ const (
 	// UID, no such file, or no devmgr serve answering on the control socket
 	// (nothing was sent).
 	exitNotFound = 4
+	// exitNotReady: serve refused the admission because a resource's
+	// device plugin is not ready yet (HTTP 503, reason PluginNotReady): a
+	// transient refusal, worth retrying.
+	exitNotReady = 5
 )
 
 const exitCodesHelp = `Exit codes:
@@ -59,7 +63,9 @@ const exitCodesHelp = `Exit codes:
   3  refused or corrupt: serve refused the admission, or the checkpoint
      does not verify
   4  not found or unreachable: no such pod or file, or nothing serves the
-     control socket`
+     control socket
+  5  not ready, retry: serve refused the admission because a device plugin
+     has not registered again or listed its devices yet`
 
 func newRootCmd() *cobra.Command {
 	root := &cobra.Command{

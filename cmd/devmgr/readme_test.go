@@ -111,7 +111,7 @@ func TestReadmeExitCodes(t *testing.T) {
 		}
 	}
 	var want []string
-	for _, c := range []int{exitOK, exitFailure, exitUsage, exitRefused, exitNotFound} {
+	for _, c := range []int{exitOK, exitFailure, exitUsage, exitRefused, exitNotFound, exitNotReady} {
 		want = append(want, strconv.Itoa(c))
 	}
 	assert.Equal(t, want, codes)

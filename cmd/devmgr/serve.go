@@ -33,6 +33,7 @@ type serveOptions struct {
 	verbosity       int
 	requirePlugin   []string
 	stopGracePeriod time.Duration
+	pluginWait      time.Duration
 	extraOptions
 }
 
@@ -89,6 +90,7 @@ user running serve can use the control socket (mode 0600).`,
 	f.IntVarP(&o.verbosity, "v", "v", 0, "log verbosity: 2 shows the manager's registrations and device updates, 3 allocation decisions, 4 every plugin call")
 	f.StringSliceVar(&o.requirePlugin, "require-plugin", nil, "resource names, or domain/*, that only a device plugin serves: admission fails while no plugin registered them (default: such resources are ignored, as by the kubelet)")
 	f.DurationVar(&o.stopGracePeriod, "stop-grace-period", devicemanager.DefaultStopGracePeriod, "how long a resource stays known after its plugin is gone")
+	f.DurationVar(&o.pluginWait, "plugin-wait", 0, "how long an admission waits for a resource's plugin that is known but not ready (after a restart, until it registers again and lists its devices) before it is refused with 503 PluginNotReady; keep it below the clients' --timeout (default: refuse at once)")
 	o.addFlags(f)
 	if err := cmd.MarkFlagRequired("socket-dir"); err != nil {
 		panic(err) // a flag defined above
@@ -104,6 +106,7 @@ type serveConfig struct {
 	numaNodes       []int
 	requirePlugin   []string
 	stopGracePeriod time.Duration
+	pluginWait      time.Duration
 	extraConfig
 }
 
@@ -147,6 +150,10 @@ func (o *serveOptions) config(sysRoot string) (serveConfig, error) {
 		return cfg, fmt.Errorf("--stop-grace-period must be positive, not %s", o.stopGracePeriod)
 	}
 	cfg.stopGracePeriod = o.stopGracePeriod
+	if o.pluginWait < 0 {
+		return cfg, fmt.Errorf("--plugin-wait must not be negative, not %s", o.pluginWait)
+	}
+	cfg.pluginWait = o.pluginWait
 	cfg.requirePlugin = o.requirePlugin
 	if cfg.extraConfig, err = o.extraOptions.config(cfg); err != nil {
 		return cfg, err

@@ -44,6 +44,7 @@ func TestServeConfig(t *testing.T) {
 		"long control socket":            {serveOptions{socketDir: dir, controlSocket: "/" + strings.Repeat("x", 120)}, "a unix socket path holds at most 107"},
 		"control socket is kubelet.sock": {serveOptions{socketDir: dir, controlSocket: filepath.Join(dir, "kubelet.sock")}, "is the registration socket"},
 		"grace period":                   {serveOptions{socketDir: dir, controlSocket: "/c.sock", numaNodes: []int{0}}, "--stop-grace-period must be positive"},
+		"negative plugin wait":           {serveOptions{socketDir: dir, controlSocket: "/c.sock", numaNodes: []int{0}, stopGracePeriod: time.Minute, pluginWait: -time.Second}, "--plugin-wait must not be negative, not -1s"},
 		"empty socket dir":               {serveOptions{controlSocket: "/c.sock"}, "--socket-dir must not be empty"},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -77,6 +77,7 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 		NUMANodes:          cfg.numaNodes,
 		RequirePlugin:      cfg.requirePlugin,
 		StopGracePeriod:    cfg.stopGracePeriod,
+		PluginWaitTimeout:  cfg.pluginWait,
 		Logger:             logger,
 		Registerer:         cfg.registerer(),
 		AffinityStore:      cfg.affinityStore(),

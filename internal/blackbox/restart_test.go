@@ -66,12 +66,12 @@ func TestCheckpointRestoreAfterRestart(t *testing.T) {
 	require.NoError(t, e.allocate(p, "c"))
 	err = e.allocate(pod("u2", ctr("c", resGPU, 1)), "c")
 	require.Error(t, err)
-	assert.ErrorIs(t, err, devicemanager.ErrNoHealthyDevices)
+	assert.ErrorIs(t, err, devicemanager.ErrPluginNotReady)
 	// Sources ready: the running container is checked too.
 	e.ready.v.Store(true)
 	err = e.allocate(p, "c")
 	require.Error(t, err)
-	assert.ErrorIs(t, err, devicemanager.ErrNoHealthyDevices)
+	assert.ErrorIs(t, err, devicemanager.ErrPluginNotReady)
 
 	// The plugin comes back: no new RPC is needed.
 	pl2 := e.plugin(t, "p.sock", resGPU, nil, healthy("d0", 0), healthy("d1", 1), healthy("d2"))
@@ -129,7 +129,7 @@ func TestRestartNotRunningContainerChecked(t *testing.T) {
 	cmap := podstate.ContainerMap{"id-c": {PodUID: "u1", ContainerName: "c"}, "id-d1": {PodUID: "u1", ContainerName: "d"}, "id-d2": {PodUID: "u1", ContainerName: "d"}}
 	e.startWith(t, cmap, sets.New("id-d2"))
 	err := e.allocate(p, "c")
-	assert.ErrorIs(t, err, devicemanager.ErrNoHealthyDevices)
+	assert.ErrorIs(t, err, devicemanager.ErrPluginNotReady)
 	assert.NoError(t, e.allocate(p, "d"))
 }
 

@@ -1,0 +1,109 @@
+package devicemanager
+
+import (
+	"context"
+	"errors"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/openkubelet/devmgr/podstate"
+)
+
+// A resource is not ready (ErrPluginNotReady) when the manager knows it but
+// no plugin can serve it yet: its plugin is gone within the grace period
+// (after a restart, the resources the checkpoint names start so), or an
+// instance is connected but has not sent its first device list. Admission
+// refuses such a resource at once, or waits for it up to
+// Options.PluginWaitTimeout.
+
+// notReadyReasonLocked returns why resource name is not ready, or "" when
+// it is ready or not known at all (never registered, or removed once its
+// grace period was over). Expects m.mu held.
+func (m *ManagerImpl) notReadyReasonLocked(name string) string {
+	r := m.resources[name]
+	switch {
+	case r == nil || r.ready():
+		return ""
+	case len(r.instances) > 0:
+		return "its plugin has not listed its devices yet"
+	case r.registered && r.primary != nil && !r.primary.GracePeriodExpired(m.opts.StopGracePeriod):
+		return "no plugin instance is connected"
+	}
+	return ""
+}
+
+// notReadyLocked turns err, the refusal of a resource that cannot serve a
+// request at all, into an ErrPluginNotReady error when the resource is not
+// ready; any other error is returned as is. Expects m.mu held.
+func (m *ManagerImpl) notReadyLocked(name string, err error) error {
+	var re *podstate.ResourceError
+	if !errors.As(err, &re) {
+		return err
+	}
+	if why := m.notReadyReasonLocked(name); why != "" {
+		return &admissionError{msg: err.Error() + ": device plugin not ready (" + why + ")", sentinel: ErrPluginNotReady}
+	}
+	return err
+}
+
+// readyChangedLocked wakes the Allocate calls waiting for a plugin. Expects
+// m.mu held.
+func (m *ManagerImpl) readyChangedLocked() {
+	close(m.readyChanged)
+	m.readyChanged = make(chan struct{})
+}
+
+// awaitPlugins waits, up to Options.PluginWaitTimeout, until none of the
+// named resources of container is refused for ErrPluginNotReady, nor for
+// having no healthy device while its plugin lists none at all (some plugins
+// send an empty list before their devices). It returns nil once that holds
+// or the time is up (the admission then refuses as it would have at once),
+// the refusal wrapping the context's error when ctx ends while a resource
+// is not ready, and ErrStopped when the manager stops. m.mu is not held
+// while it waits.
+func (m *ManagerImpl) awaitPlugins(ctx context.Context, log klog.Logger, podUID string, container *v1.Container, names []string) error {
+	if m.opts.PluginWaitTimeout <= 0 {
+		return nil
+	}
+	var timer clock.Timer
+	for {
+		m.mu.Lock()
+		var notReady error
+		var waitFor string
+		for _, name := range names {
+			q := container.Resources.Limits[v1.ResourceName(name)]
+			_, err := m.checkLocked(podUID, container.Name, name, int(q.Value()))
+			if errors.Is(err, ErrPluginNotReady) {
+				notReady, waitFor = err, name
+				break
+			}
+			if waitFor == "" && errors.Is(err, ErrNoHealthyDevices) && m.resources[name].listsNothing() {
+				waitFor = name
+			}
+		}
+		changed := m.readyChanged
+		m.mu.Unlock()
+		if waitFor == "" {
+			return nil
+		}
+		if timer == nil {
+			timer = m.opts.Clock.NewTimer(m.opts.PluginWaitTimeout)
+			defer timer.Stop()
+		}
+		log.V(3).Info("Waiting for a device plugin", keyResource, waitFor, keyDuration, m.opts.PluginWaitTimeout)
+		select {
+		case <-changed:
+		case <-timer.C():
+			return nil
+		case <-ctx.Done():
+			if notReady == nil {
+				return nil // the plugins have spoken: the admission refuses as they say
+			}
+			return &admissionError{msg: notReady.Error() + ": " + ctx.Err().Error(), sentinel: ErrPluginNotReady, cause: ctx.Err()}
+		case <-m.ctx.Done():
+			return ErrStopped
+		}
+	}
+}
