@@ -56,6 +56,12 @@ func (p *pods) add(pod *v1.Pod) {
 	p.list = append(p.list, pod)
 }
 
+func (p *pods) remove(uid string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.list = slices.DeleteFunc(p.list, func(pod *v1.Pod) bool { return string(pod.UID) == uid })
+}
+
 func (p *pods) clear() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
