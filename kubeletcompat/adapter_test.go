@@ -242,20 +242,7 @@ func TestWatcherHandlerRegistersAndDeregisters(t *testing.T) {
 }
 
 func TestUpdatesNamePodsAndStayOpenAfterStop(t *testing.T) {
-	dir := shortDir(t)
-	m, err := kubeletcompat.New(devicemanager.Options{SocketDir: dir}, nil)
-	require.NoError(t, err)
-	active := &pods{}
-	require.NoError(t, m.Start(logger, active.get, ready{}, nil, nil))
-	devs := numaDevices([]int{0}, 2)
-	p := startPlugin(t, dir, devs)
-	waitAllocatable(t, m, 2)
-	pod := newPod("p", nil, container("app", 2))
-	active.add(pod)
-	require.NoError(t, admitAll(context.Background(), m, pod))
-
-	devs[1].Health = pluginapi.Unhealthy
-	p.Update(devs)
+	m, _ := podOnFailedDevice(t)
 	select {
 	case u := <-m.Updates():
 		assert.Equal(t, []string{"p"}, u.PodUIDs)
@@ -271,20 +258,32 @@ func TestUpdatesNamePodsAndStayOpenAfterStop(t *testing.T) {
 	}
 }
 
-func TestResourceStatusAndRelease(t *testing.T) {
+// adapterWithPods is an adapter and the active pods it reads.
+type adapterWithPods struct {
+	*kubeletcompat.Manager
+	active *pods
+}
+
+// podOnFailedDevice admits pod "p" on both devices of a plugin, then the
+// plugin reports the second one unhealthy.
+func podOnFailedDevice(t *testing.T) (adapterWithPods, *v1.Pod) {
+	t.Helper()
 	dir := shortDir(t)
 	m, active := adapterOn(t, dir, nil, nil)
 	devs := numaDevices([]int{0}, 2)
 	p := startPlugin(t, dir, devs)
 	waitAllocatable(t, m, 2)
-
 	pod := newPod("p", nil, container("app", 2))
 	active.add(pod)
 	require.NoError(t, admitAll(context.Background(), m, pod))
-
 	devs[1].Health = pluginapi.Unhealthy
 	p.Update(devs)
 	waitAllocatable(t, m, 1)
+	return adapterWithPods{Manager: m, active: active}, pod
+}
+
+func TestResourceStatusAndRelease(t *testing.T) {
+	m, pod := podOnFailedDevice(t)
 	status := &v1.PodStatus{ContainerStatuses: []v1.ContainerStatus{{Name: "app"}}}
 	m.UpdateAllocatedResourcesStatus(logger, pod, status)
 	assert.Equal(t, []v1.ResourceStatus{{Name: gpu, Resources: []v1.ResourceHealth{
@@ -292,7 +291,7 @@ func TestResourceStatusAndRelease(t *testing.T) {
 		{ResourceID: "gpu-0-1", Health: v1.ResourceHealthStatusUnhealthy},
 	}}}, status.ContainerStatuses[0].AllocatedResourcesStatus)
 
-	active.clear()
+	m.active.clear()
 	m.UpdateAllocatedDevices(logger)
 	assert.Empty(t, m.GetDevices("p", "app"), "the devices of a pod no longer active are released")
 }

@@ -29,6 +29,23 @@ import (
 // each.
 var machine = []int{0, 1}
 
+// machineNodes describes the machine as cadvisor does, for the kubelet.
+func machineNodes() []cadvisorapi.Node {
+	nodes := make([]cadvisorapi.Node, len(machine))
+	for i, id := range machine {
+		nodes[i] = cadvisorapi.Node{Id: id}
+	}
+	return nodes
+}
+
+// topologyManager is the kubelet's topology manager on the machine.
+func topologyManager(t *testing.T, policy, scope string) topologymanager.Manager {
+	t.Helper()
+	tm, err := topologymanager.NewManager(logger, machineNodes(), policy, scope, nil)
+	require.NoError(t, err)
+	return tm
+}
+
 // side is one of the two device managers under the kubelet's topology
 // manager.
 type side struct {
@@ -50,11 +67,7 @@ var adapterSide = side{name: "kubeletcompat", start: func(t *testing.T, store to
 func startKubelet(t *testing.T, store topologymanager.Store, active *pods) (kubeletdm.Manager, string) {
 	t.Helper()
 	needKubelet(t)
-	nodes := make([]cadvisorapi.Node, len(machine))
-	for i, id := range machine {
-		nodes[i] = cadvisorapi.Node{Id: id}
-	}
-	m, err := kubeletdm.NewManagerImpl(logger, nodes, store)
+	m, err := kubeletdm.NewManagerImpl(logger, machineNodes(), store)
 	require.NoError(t, err)
 	require.NoError(t, m.Start(logger, active.get, ready{}, containermap.NewContainerMap(), sets.New[string]()))
 	t.Cleanup(func() { require.NoError(t, m.Stop(logger)) })
@@ -131,12 +144,7 @@ func run(t *testing.T, s side, policy, scope string) []outcome {
 	if s.name == kubeletSide.name {
 		emptyKubeletDir(t)
 	}
-	nodes := make([]cadvisorapi.Node, len(machine))
-	for i, id := range machine {
-		nodes[i] = cadvisorapi.Node{Id: id}
-	}
-	tm, err := topologymanager.NewManager(logger, nodes, policy, scope, nil)
-	require.NoError(t, err)
+	tm := topologyManager(t, policy, scope)
 	active := &pods{}
 	dm, dir := s.start(t, tm, active)
 	tm.AddHintProvider(logger, dm)
@@ -243,12 +251,7 @@ func startIn(t *testing.T, s side, store topologymanager.Store, active *pods) ku
 func moveNode(t *testing.T, from, to side) {
 	needKubelet(t)
 	emptyKubeletDir(t)
-	nodes := make([]cadvisorapi.Node, len(machine))
-	for i, id := range machine {
-		nodes[i] = cadvisorapi.Node{Id: id}
-	}
-	tm, err := topologymanager.NewManager(logger, nodes, topologymanager.PolicyBestEffort, topologymanager.ContainerTopologyScope, nil)
-	require.NoError(t, err)
+	tm := topologyManager(t, topologymanager.PolicyBestEffort, topologymanager.ContainerTopologyScope)
 	active := &pods{}
 	first := startIn(t, from, tm, active)
 	tm.AddHintProvider(logger, first)
@@ -269,8 +272,7 @@ func moveNode(t *testing.T, from, to side) {
 	p.Stop()
 	require.NoError(t, first.Stop(logger))
 
-	tm, err = topologymanager.NewManager(logger, nodes, topologymanager.PolicyBestEffort, topologymanager.ContainerTopologyScope, nil)
-	require.NoError(t, err)
+	tm = topologyManager(t, topologymanager.PolicyBestEffort, topologymanager.ContainerTopologyScope)
 	second := startIn(t, to, tm, active)
 	tm.AddHintProvider(logger, second)
 	assert.Equal(t, before, snapshot(t, second, a, b), "%s reads what %s wrote", to.name, from.name)
