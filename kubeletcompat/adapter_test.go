@@ -191,6 +191,11 @@ func TestUpdatePluginResourcesRaisesAllocatableForAPodWithDevices(t *testing.T) 
 	other := &schedulerframework.NodeInfo{Allocatable: before}
 	require.NoError(t, m.UpdatePluginResources(other, &lifecycle.PodAdmitAttributes{Pod: newPod("q", nil, container("app", 1))}))
 	assert.Same(t, before, other.Allocatable, "a pod without devices leaves the node alone")
+
+	bare := &schedulerframework.NodeInfo{}
+	require.NoError(t, m.UpdatePluginResources(bare, &lifecycle.PodAdmitAttributes{Pod: pod}))
+	assert.Equal(t, &schedulerframework.Resource{ScalarResources: map[v1.ResourceName]int64{gpu: 2}}, bare.Allocatable,
+		"a node without allocatable gets the allocated count")
 }
 
 func TestHealthCheckerPassesUnlessRegistrationFails(t *testing.T) {

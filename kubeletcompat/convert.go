@@ -1,7 +1,6 @@
 package kubeletcompat
 
 import (
-	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/kubernetes/pkg/kubelet/cm/containermap"
 	kubeletdm "k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
@@ -12,10 +11,6 @@ import (
 	"github.com/openkubelet/devmgr/podstate"
 	"github.com/openkubelet/devmgr/topology"
 )
-
-func resourceQuantity(n int64) *resource.Quantity {
-	return resource.NewQuantity(n, resource.DecimalSI)
-}
 
 // containerMap lists the kubelet's container map as devmgr's.
 func containerMap(in containermap.ContainerMap) podstate.ContainerMap {

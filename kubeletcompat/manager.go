@@ -24,6 +24,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apiserver/pkg/server/healthz"
 	"k8s.io/klog/v2"
@@ -53,6 +54,7 @@ type Manager struct {
 
 	mu      sync.Mutex
 	started bool
+	stopped bool
 	stop    chan struct{}
 	relay   sync.WaitGroup
 }
@@ -97,6 +99,9 @@ func (m *Manager) Start(_ klog.Logger, activePods kubeletdm.ActivePodsFunc, sour
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.stopped { // Stop ran meanwhile
+		return devicemanager.ErrStopped
+	}
 	m.started = true
 	m.relay.Add(1)
 	go m.relayUpdates()
@@ -129,8 +134,8 @@ func (m *Manager) relayUpdates() {
 func (m *Manager) Stop(klog.Logger) error {
 	err := m.impl.Stop()
 	m.mu.Lock()
-	if m.started {
-		m.started = false
+	if !m.stopped {
+		m.stopped = true
 		close(m.stop)
 	}
 	m.mu.Unlock()
@@ -161,7 +166,7 @@ func (m *Manager) UpdatePluginResources(node *schedulerframework.NodeInfo, attrs
 	have := v1.ResourceList{}
 	if node.Allocatable != nil {
 		for name, n := range node.Allocatable.ScalarResources {
-			have[name] = *resourceQuantity(n)
+			have[name] = *resource.NewQuantity(n, resource.DecimalSI)
 		}
 	}
 	want := m.impl.UpdatePluginResources(have, attrs.Pod)
@@ -171,9 +176,9 @@ func (m *Manager) UpdatePluginResources(node *schedulerframework.NodeInfo, attrs
 			continue
 		}
 		if raised == nil {
-			raised = node.Allocatable.Clone()
-			if raised == nil {
-				raised = &schedulerframework.Resource{}
+			raised = &schedulerframework.Resource{}
+			if node.Allocatable != nil {
+				raised = node.Allocatable.Clone()
 			}
 			if raised.ScalarResources == nil {
 				raised.ScalarResources = map[v1.ResourceName]int64{}
@@ -279,9 +284,9 @@ func (healthChecker) Name() string { return "device-plugin" }
 
 func (h healthChecker) Check(*http.Request) error {
 	h.m.mu.Lock()
-	started := h.m.started
+	serving := h.m.started && !h.m.stopped
 	h.m.mu.Unlock()
-	if !started {
+	if !serving {
 		return nil
 	}
 	if err := h.m.impl.HealthCheck(); err != nil && !errors.Is(err, devicemanager.ErrStopped) {
