@@ -17,9 +17,11 @@ import (
 // a private mount namespace (unshare -m) where /var/lib/kubelet, or /var/lib
 // when the host has no /var/lib/kubelet, is covered by a tmpfs: that
 // directory is then the test's own, and nothing is written on the host's.
-// Elsewhere the tests that need the kubelet's manager skip, saying why.
+// Elsewhere the tests that need the kubelet's manager skip, saying why, or
+// fail when requireEnv is set (CI sets it, so that they cannot go missing).
 const (
 	namespaceEnv    = "KUBELETCOMPAT_NAMESPACE"
+	requireEnv      = "KUBELETCOMPAT_REQUIRE_KUBELET"
 	namespaceScript = `set -eu
 if [ -e /var/lib/kubelet ]; then top=/var/lib/kubelet; else top=/var/lib; fi
 mount -t tmpfs -o mode=0755,size=16m kubeletcompat "$top"
@@ -74,10 +76,14 @@ func checkNamespace() string {
 }
 
 // needKubelet skips a test that runs the kubelet's device manager where it
-// cannot run.
+// cannot run, or fails it if requireEnv is set.
 func needKubelet(t *testing.T) {
 	t.Helper()
-	if noNamespace != "" {
+	switch {
+	case noNamespace == "":
+	case os.Getenv(requireEnv) != "":
+		t.Fatalf("%s is set, but %s", requireEnv, noNamespace)
+	default:
 		t.Skip("SKIP: " + noNamespace)
 	}
 }
