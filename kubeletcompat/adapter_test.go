@@ -11,7 +11,9 @@ import (
 	"github.com/stretchr/testify/require"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/sets"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	"k8s.io/kubernetes/pkg/kubelet/cm/containermap"
 	kubeletdm "k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager/bitmask"
@@ -200,7 +202,7 @@ func TestUpdatePluginResourcesRaisesAllocatableForAPodWithDevices(t *testing.T) 
 
 func TestHealthCheckerPassesUnlessRegistrationFails(t *testing.T) {
 	dir := shortDir(t)
-	m, err := kubeletcompat.New(devicemanager.Options{SocketDir: dir}, nil)
+	m, err := kubeletcompat.New(devicemanager.Options{SocketDir: dir, Logger: testLogger(t)}, nil)
 	require.NoError(t, err)
 	hc := m.GetHealthChecker()
 	assert.Equal(t, "device-plugin", hc.Name())
@@ -214,9 +216,44 @@ func TestHealthCheckerPassesUnlessRegistrationFails(t *testing.T) {
 	assert.NoError(t, hc.Check(req), "after Stop")
 }
 
+// notReady is a config.SourcesReady that has not seen every source yet.
+type notReady struct{}
+
+func (notReady) AddSource(string) {}
+func (notReady) AllReady() bool   { return false }
+
+func TestContainersRunningAtStartPassWhileSourcesAreNotReady(t *testing.T) {
+	dir := shortDir(t)
+	m, err := kubeletcompat.New(devicemanager.Options{SocketDir: dir, Logger: testLogger(t)}, nil)
+	require.NoError(t, err)
+	running := containermap.NewContainerMap()
+	running.Add("running", "app", "cid-1")
+	running.Add("created", "app", "cid-2")
+	active := &pods{}
+	require.NoError(t, m.Start(logger, active.get, notReady{}, running, sets.New("cid-1")))
+	t.Cleanup(func() { require.NoError(t, m.Stop(logger)) })
+	startPlugin(t, dir, []*pluginapi.Device{{ID: "gpu-0", Health: pluginapi.Unhealthy}})
+	require.Eventually(t, func() bool {
+		capacity, _, _ := m.GetCapacity(logger)
+		return capacity.Name(gpu, resource.DecimalSI).Value() == 1
+	}, waitFor, 5*time.Millisecond)
+
+	ctx := context.Background()
+	for _, uid := range []string{"running", "created"} {
+		pod := newPod(uid, nil, container("app", 1))
+		active.add(pod)
+		err := m.Allocate(ctx, pod, &pod.Spec.Containers[0], lifecycle.AddOperation)
+		if uid == "running" {
+			assert.NoError(t, err, "a container running at Start is not checked again")
+		} else {
+			assert.ErrorIs(t, err, devicemanager.ErrNoHealthyDevices, "a container only created is")
+		}
+	}
+}
+
 func TestShouldResetOnlyOnAnEmptyDirectory(t *testing.T) {
 	dir := shortDir(t)
-	m, err := kubeletcompat.New(devicemanager.Options{SocketDir: dir}, nil)
+	m, err := kubeletcompat.New(devicemanager.Options{SocketDir: dir, Logger: testLogger(t)}, nil)
 	require.NoError(t, err)
 	assert.True(t, m.ShouldResetExtendedResourceCapacity(), "nothing in the directory: a new node")
 	require.NoError(t, m.Start(logger, nil, nil, nil, nil))
@@ -228,7 +265,7 @@ func TestShouldResetOnlyOnAnEmptyDirectory(t *testing.T) {
 func TestWatcherHandlerRegistersAndDeregisters(t *testing.T) {
 	dir := shortDir(t)
 	m, _ := adapterOn(t, dir, nil, nil)
-	p, err := plugintest.New(plugintest.Options{ResourceName: gpu, SocketDir: dir, Devices: numaDevices([]int{0}, 2)})
+	p, err := plugintest.New(plugintest.Options{ResourceName: gpu, SocketDir: dir, Devices: numaDevices([]int{0}, 2), Logger: testLogger(t)})
 	require.NoError(t, err)
 	t.Cleanup(p.Stop)
 	require.NoError(t, p.Start())

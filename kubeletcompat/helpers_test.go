@@ -11,12 +11,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/require"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/ktesting"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	kubeletdm "k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
@@ -32,7 +34,14 @@ const gpu = "example.com/gpu"
 // waitFor is how long a test waits for a plugin's devices to arrive.
 const waitFor = 10 * time.Second
 
-var logger = klog.Background()
+// logger is what the tests pass where the kubelet's interface takes a
+// logger that the adapter does not use.
+var logger = logr.Discard()
+
+// testLogger sends logs to the test's log, shown when it fails (or with -v).
+func testLogger(t *testing.T) klog.Logger {
+	return ktesting.NewLogger(t, ktesting.NewConfig(ktesting.Verbosity(2)))
+}
 
 // shortDir makes a temporary directory with a short path, so that the unix
 // sockets in it stay under the 107-byte limit.
@@ -99,7 +108,7 @@ func numaDevices(nodes []int, n int) []*pluginapi.Device {
 // dir's kubelet.sock.
 func startPlugin(t *testing.T, dir string, devs []*pluginapi.Device) *plugintest.Plugin {
 	t.Helper()
-	p, err := plugintest.New(plugintest.Options{ResourceName: gpu, SocketDir: dir, Devices: devs})
+	p, err := plugintest.New(plugintest.Options{ResourceName: gpu, SocketDir: dir, Devices: devs, Logger: testLogger(t)})
 	require.NoError(t, err)
 	t.Cleanup(p.Stop)
 	require.NoError(t, p.Start())
@@ -126,7 +135,7 @@ func waitAllocatable(t *testing.T, m capacityGetter, want int64) {
 // topology store, and the active pods it reads.
 func adapterOn(t *testing.T, dir string, numa []int, store topologymanager.Store) (*kubeletcompat.Manager, *pods) {
 	t.Helper()
-	m, err := kubeletcompat.New(devicemanager.Options{SocketDir: dir, NUMANodes: numa}, store)
+	m, err := kubeletcompat.New(devicemanager.Options{SocketDir: dir, NUMANodes: numa, Logger: testLogger(t)}, store)
 	require.NoError(t, err)
 	active := &pods{}
 	require.NoError(t, m.Start(logger, active.get, ready{}, nil, nil))

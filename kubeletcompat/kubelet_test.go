@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	"k8s.io/kubernetes/pkg/kubelet/cm/containermap"
 	kubeletdm "k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
@@ -41,7 +42,7 @@ func machineNodes() []cadvisorapi.Node {
 // topologyManager is the kubelet's topology manager on the machine.
 func topologyManager(t *testing.T, policy, scope string) topologymanager.Manager {
 	t.Helper()
-	tm, err := topologymanager.NewManager(logger, machineNodes(), policy, scope, nil)
+	tm, err := topologymanager.NewManager(testLogger(t), machineNodes(), policy, scope, nil)
 	require.NoError(t, err)
 	return tm
 }
@@ -67,17 +68,18 @@ var adapterSide = side{name: "kubeletcompat", start: func(t *testing.T, store to
 func startKubelet(t *testing.T, store topologymanager.Store, active *pods) (kubeletdm.Manager, string) {
 	t.Helper()
 	needKubelet(t)
-	m, err := kubeletdm.NewManagerImpl(logger, machineNodes(), store)
+	log := testLogger(t)
+	m, err := kubeletdm.NewManagerImpl(log, machineNodes(), store)
 	require.NoError(t, err)
-	require.NoError(t, m.Start(logger, active.get, ready{}, containermap.NewContainerMap(), sets.New[string]()))
-	t.Cleanup(func() { require.NoError(t, m.Stop(logger)) })
+	require.NoError(t, m.Start(log, active.get, ready{}, containermap.NewContainerMap(), sets.New[string]()))
+	t.Cleanup(func() { require.NoError(t, m.Stop(log)) })
 	return m, pluginapi.DevicePluginPath
 }
 
 // startAdapter starts the adapter on dir.
 func startAdapter(t *testing.T, dir string, store topologymanager.Store, active *pods) *kubeletcompat.Manager {
 	t.Helper()
-	m, err := kubeletcompat.New(devicemanager.Options{SocketDir: dir, NUMANodes: machine}, store)
+	m, err := kubeletcompat.New(devicemanager.Options{SocketDir: dir, NUMANodes: machine, Logger: testLogger(t)}, store)
 	require.NoError(t, err)
 	require.NoError(t, m.Start(logger, active.get, ready{}, containermap.NewContainerMap(), sets.New[string]()))
 	t.Cleanup(func() { require.NoError(t, m.Stop(logger)) })
@@ -134,6 +136,11 @@ func scenario() []step {
 		{admit: newPod("sidecar", []v1.Container{sidecar}, container("app", 1))},
 		{admit: newPod("two", nil, container("app", 2))},
 		{admit: newPod("more", nil, container("app", 2))},
+		{end: "two"},
+		{admit: newPod("single", nil, container("app", 1))},
+		{end: "sidecar"},
+		{admit: newPod("single2", nil, container("app", 1))},
+		{admit: newPod("spread", nil, container("app", 2))},
 	}
 }
 
@@ -151,7 +158,7 @@ func run(t *testing.T, s side, policy, scope string) []outcome {
 	startPlugin(t, dir, numaDevices(machine, 2))
 	waitAllocatable(t, dm, 4)
 
-	ctx := context.Background()
+	ctx := klog.NewContext(context.Background(), testLogger(t))
 	var out []outcome
 	for _, st := range scenario() {
 		if st.end != "" {
@@ -258,7 +265,7 @@ func moveNode(t *testing.T, from, to side) {
 	p := startPlugin(t, pluginapi.DevicePluginPath, numaDevices(machine, 2))
 	waitAllocatable(t, first, 4)
 
-	ctx := context.Background()
+	ctx := klog.NewContext(context.Background(), testLogger(t))
 	a := newPod("a", []v1.Container{container("init", 2)}, container("app", 1), container("plain", 0))
 	b := newPod("b", nil, container("app", 1))
 	for _, pod := range []*v1.Pod{a, b} {
