@@ -333,7 +333,7 @@ func TestResourceStatusAndRelease(t *testing.T) {
 		{ResourceID: "gpu-0-1", Health: v1.ResourceHealthStatusUnhealthy},
 	}}}, status.ContainerStatuses[0].AllocatedResourcesStatus)
 
-	m.active.clear()
+	m.active.remove("p")
 	m.UpdateAllocatedDevices(logger)
 	assert.Empty(t, m.GetDevices("p", "app"), "the devices of a pod no longer active are released")
 }

@@ -71,12 +71,6 @@ func (p *pods) remove(uid string) {
 	p.list = slices.DeleteFunc(p.list, func(pod *v1.Pod) bool { return string(pod.UID) == uid })
 }
 
-func (p *pods) clear() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.list = nil
-}
-
 func (p *pods) get() []*v1.Pod {
 	p.mu.Lock()
 	defer p.mu.Unlock()
