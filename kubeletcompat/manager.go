@@ -4,12 +4,11 @@
 // vendors the kubelet's container manager can use devmgr in place of the
 // kubelet's ManagerImpl.
 //
-// Every method answers as the kubelet's does: Allocate and the hints ignore
-// the operation but for Allocate, which skips anything but an add (a resize
-// allocates nothing); AllocatePod allocates nothing, since the kubelet's
-// device manager has no pod-level allocation; the health checker fails only
-// while the registration server has failed; the Updates channel is never
-// closed. The loggers the interface passes are not used: the manager logs
+// Every method answers as the kubelet's does: Allocate allocates only for an
+// add operation (a resize allocates nothing), and the hints ignore the
+// operation; AllocatePod allocates nothing, since the kubelet's device
+// manager has no pod-level allocation; the health checker fails only while
+// the registration server has failed; the Updates channel is never closed. The loggers the interface passes are not used: the manager logs
 // through devicemanager.Options.Logger.
 //
 // This package is a module of its own, so that devmgr itself never depends on
