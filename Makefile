@@ -14,7 +14,7 @@ BENCH           ?= .
 BENCHRUNS       ?= 5
 PKGS            ?= ./...
 
-.PHONY: all test vet lint fmt fmt-write tidy bench bench-compare bench-check fuzz verify interop reliability tools clean
+.PHONY: all test vet lint fmt fmt-write tidy bench bench-compare bench-check compat fuzz verify interop reliability tools clean
 
 all: verify test
 
@@ -62,6 +62,15 @@ bench-compare:
 ## (two to three minutes on two CPUs).
 bench-check:
 	cd bench && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) vet -tags devmgronly ./... && $(GO) vet -tags kubeletonly ./... && $(GO) test -count=1 ./...
+
+## compat: kubeletcompat/ (a module of its own, which make test does not
+## reach) is tidy, passes go vet and its tests. As root they run the kubelet's
+## topology manager over the adapter and over the kubelet's own device manager
+## (k8s.io/kubernetes v1.37.2, the build bench-check shares), in a private
+## mount namespace; without root those tests skip (they fail instead when
+## KUBELETCOMPAT_REQUIRE_KUBELET is set, as CI sets it).
+compat:
+	cd kubeletcompat && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 ## fuzz: every fuzz target for FUZZTIME each (.ci/fuzz-target runs one).
 fuzz:
