@@ -73,6 +73,10 @@ type Options struct {
 	KeepaliveTimeout time.Duration
 	// Clock gives stop times; default the real clock.
 	Clock clock.PassiveClock
+	// Dialer, when set, opens the connection to the plugin instead of the
+	// unix socket: Dial's path then only names the instance (SocketPath,
+	// errors) and is not looked up in the file system.
+	Dialer func(context.Context) (net.Conn, error)
 }
 
 func (o Options) withDefaults() Options {
@@ -123,26 +127,21 @@ type Endpoint struct {
 	closed   bool
 }
 
-// Dial connects to the plugin serving resource on the unix socket at path and
-// fetches its DevicePluginOptions, all within opts.DialTimeout (and ctx). The
-// socket must exist and be a socket: anything else fails at once with a clear
-// error instead of waiting for the deadline. On any error the connection is
-// closed.
+// Dial connects to the plugin serving resource on the unix socket at path (or
+// through opts.Dialer) and fetches its DevicePluginOptions, all within
+// opts.DialTimeout (and ctx). Without a Dialer the socket must exist and be a
+// socket: anything else fails at once with a clear error instead of waiting
+// for the deadline. On any error the connection is closed.
 func Dial(ctx context.Context, resource, path string, opts Options) (*Endpoint, error) {
 	opts = opts.withDefaults()
-	info, err := os.Stat(path)
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil, fmt.Errorf("failed to dial device plugin: socket %s does not exist", path)
-		}
-		return nil, fmt.Errorf("failed to dial device plugin: %s: %w", path, err)
-	}
-	if info.Mode().Type() != fs.ModeSocket {
-		return nil, fmt.Errorf("failed to dial device plugin: %s is not a unix socket", path)
-	}
 	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", path)
+	}
+	if opts.Dialer != nil {
+		dialer = func(ctx context.Context, _ string) (net.Conn, error) { return opts.Dialer(ctx) }
+	} else if err := checkSocket(path); err != nil {
+		return nil, err
 	}
 	// The target is only an authority; the dialer ignores it, so any path
 	// (spaces, '%', '=') reaches the socket unchanged.
@@ -181,6 +180,21 @@ func Dial(ctx context.Context, resource, path string, opts Options) (*Endpoint, 
 	e := &Endpoint{resource: resource, socket: path, opts: opts, conn: conn, client: client, options: options}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	return e, nil
+}
+
+// checkSocket returns an error unless path exists and is a unix socket.
+func checkSocket(path string) error {
+	info, err := os.Stat(path)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("failed to dial device plugin: socket %s does not exist", path)
+		}
+		return fmt.Errorf("failed to dial device plugin: %s: %w", path, err)
+	}
+	if info.Mode().Type() != fs.ModeSocket {
+		return fmt.Errorf("failed to dial device plugin: %s is not a unix socket", path)
+	}
+	return nil
 }
 
 // reachedServer reports whether a call that failed with err reached a gRPC

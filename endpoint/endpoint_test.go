@@ -119,6 +119,26 @@ func TestDialFetchesOptions(t *testing.T) {
 	assert.True(t, e.IsStopped())
 }
 
+// With a Dialer, path only names the instance: no file of that name is
+// looked for, and the connection is the Dialer's.
+func TestDialThroughDialer(t *testing.T) {
+	p := startPlugin(t, []*pluginapi.Device{{ID: "d", Health: pluginapi.Healthy}},
+		func(o *plugintest.Options) { o.PreStartRequired = true })
+	dialed := 0
+	e, err := Dial(context.Background(), res, "local:"+res, Options{Dialer: func(ctx context.Context) (net.Conn, error) {
+		dialed++
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", p.SocketPath())
+	}})
+	require.NoError(t, err)
+	t.Cleanup(e.Stop)
+	assert.Equal(t, 1, dialed)
+	assert.Equal(t, "local:"+res, e.SocketPath())
+	assert.True(t, e.Options().GetPreStartRequired())
+	msgs, _ := run(t, e)
+	assert.Equal(t, "d", recv(t, msgs).Devices[0].ID)
+}
+
 // Mirrors upstream TestRun: the first message is the initial list, the next
 // one the update, in order and complete.
 func TestRunDeliversEveryMessage(t *testing.T) {
