@@ -126,6 +126,13 @@ func (m *ManagerImpl) endpointPath(ep string) (string, error) {
 // replaced (the plugin restarted); instances on other sockets stay. No lock is
 // held while dialling, so one slow plugin never delays another's registration.
 func (m *ManagerImpl) connect(ctx context.Context, resource, path string) error {
+	_, err := m.connectWith(ctx, resource, path, m.opts.endpointOptions())
+	return err
+}
+
+// connectWith is connect with the endpoint's options (a dialer for a local
+// resource); it returns the connected endpoint.
+func (m *ManagerImpl) connectWith(ctx context.Context, resource, path string, opts endpoint.Options) (*endpoint.Endpoint, error) {
 	// The limits are checked before the dial, to spare it, and again once
 	// the lock is taken again, since other registrations may have come
 	// meanwhile.
@@ -133,12 +140,12 @@ func (m *ManagerImpl) connect(ctx context.Context, resource, path string) error 
 	err := m.admitLocked(resource, path)
 	m.mu.Unlock()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	ep, err := endpoint.Dial(ctx, resource, path, m.opts.endpointOptions())
+	ep, err := endpoint.Dial(ctx, resource, path, opts)
 	if err != nil {
 		m.metrics.rpcErrors.WithLabelValues(resource, methodGetDevicePluginOptions).Inc()
-		return err
+		return nil, err
 	}
 	// Stop may have run while the plugin was dialled: then the new endpoint
 	// is dropped, and no follower starts after Stop.
@@ -146,12 +153,12 @@ func (m *ManagerImpl) connect(ctx context.Context, resource, path string) error 
 	if m.state != started {
 		m.mu.Unlock()
 		ep.Stop()
-		return ErrStopped
+		return nil, ErrStopped
 	}
 	if err := m.admitLocked(resource, path); err != nil {
 		m.mu.Unlock()
 		ep.Stop()
-		return err
+		return nil, err
 	}
 	r := m.resourceLocked(resource)
 	old := r.instances[path]
@@ -170,7 +177,7 @@ func (m *ManagerImpl) connect(ctx context.Context, resource, path string) error 
 		"preStartRequired", ep.Options().GetPreStartRequired(),
 		"getPreferredAllocationAvailable", ep.Options().GetGetPreferredAllocationAvailable())
 	go m.follow(resource, ep)
-	return nil
+	return ep, nil
 }
 
 // admitLocked returns an ErrPluginLimit error, and counts it, when an

@@ -33,7 +33,7 @@ type DeviceStatus struct {
 // EndpointStatus is one plugin instance of a resource.
 type EndpointStatus struct {
 	Resource                        string
-	Socket                          string
+	Socket                          string // the socket path, or local:<resource> (RegisterLocal)
 	PreStartRequired                bool
 	GetPreferredAllocationAvailable bool
 	// Stopped: the instance's stream ended; the resource stays visible for
