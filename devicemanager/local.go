@@ -43,7 +43,8 @@ const localBufferSize = 256 << 10
 // stop disconnects the resource as a plugin that goes away: its devices are
 // unhealthy at once, and GetCapacity removes the resource after
 // StopGracePeriod unless it registers again; allocations stay. stop returns
-// once server has no call running and will get none; it is idempotent.
+// once server has no call running and will get none, so it must not be
+// called from inside server's methods; it is idempotent.
 // Stop does the same for every local resource still registered.
 func (m *ManagerImpl) RegisterLocal(resourceName string, server pluginapi.DevicePluginServer,
 	opts *pluginapi.DevicePluginOptions) (stop func(), err error) {
