@@ -15,7 +15,8 @@ const (
 	// EventReleased means the manager dropped the container's record of one
 	// resource. Garbage collection drops every record of a pod at once, so
 	// a device an init container handed to a later container of the pod is
-	// in the Released event of each.
+	// in the Released event of each: an agent that scrubs devices does so
+	// once per device of the pod's events.
 	EventReleased EventKind = "Released"
 )
 

@@ -30,9 +30,9 @@ const localBufferSize = 256 << 10
 // No socket is created.
 //
 // opts, when not nil, is what the manager uses as the plugin's options;
-// nil: the manager asks server's GetDevicePluginOptions. server's
-// ListAndWatch must return when its stream's context ends, as a plugin's
-// must.
+// nil: the manager asks server's GetDevicePluginOptions. Every method of
+// server must return when its context ends, as a plugin's must: stop and
+// Stop wait for the calls in progress.
 //
 // RegisterLocal refuses an invalid resource name (as Register does), a call
 // before Start or after Stop (ErrStopped), a resource already registered

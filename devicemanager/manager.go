@@ -284,8 +284,8 @@ func (m *ManagerImpl) claimSocketDir(reconcile bool) (*net.UnixListener, fs.File
 // manager, and returns when every goroutine the manager started has ended.
 // It does not write the checkpoint. Idempotent; safe before Start. After Stop
 // the getters keep answering from the last state, Allocate fails with
-// ErrStopped, the Updates channel is closed, and the Events channel closes
-// once its reader has received what was queued.
+// ErrStopped, and the Updates and Events channels are closed (events not yet
+// received are dropped; see Events).
 func (m *ManagerImpl) Stop() error {
 	m.stopOnce.Do(func() {
 		m.mu.Lock()

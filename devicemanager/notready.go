@@ -3,6 +3,7 @@ package devicemanager
 import (
 	"context"
 	"errors"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
@@ -72,11 +73,17 @@ func (m *ManagerImpl) awaitPlugins(ctx context.Context, log klog.Logger, podUID 
 		m.mu.Lock()
 		var notReady error
 		var waitFor string
+		// graceEnds is when the resource waited for stops being "not
+		// ready" without any change a plugin makes: its grace period ends.
+		var graceEnds time.Time
 		for _, name := range names {
 			q := container.Resources.Limits[v1.ResourceName(name)]
 			_, err := m.checkLocked(podUID, container.Name, name, int(q.Value()))
 			if errors.Is(err, ErrPluginNotReady) {
 				notReady, waitFor = err, name
+				if r := m.resources[name]; len(r.instances) == 0 && r.primary != nil {
+					graceEnds = r.primary.StopTime().Add(m.opts.StopGracePeriod)
+				}
 				break
 			}
 			if waitFor == "" && errors.Is(err, ErrNoHealthyDevices) && m.resources[name].listsNothing() {
@@ -92,9 +99,16 @@ func (m *ManagerImpl) awaitPlugins(ctx context.Context, log klog.Logger, podUID 
 			timer = m.opts.Clock.NewTimer(m.opts.PluginWaitTimeout)
 			defer timer.Stop()
 		}
+		var graceOver <-chan time.Time
+		if !graceEnds.IsZero() {
+			grace := m.opts.Clock.NewTimer(max(graceEnds.Sub(m.opts.Clock.Now()), 0))
+			graceOver = grace.C()
+			defer grace.Stop() // one per change of readiness, at most
+		}
 		log.V(3).Info("Waiting for a device plugin", keyResource, waitFor, keyDuration, m.opts.PluginWaitTimeout)
 		select {
 		case <-changed:
+		case <-graceOver: // no longer "not ready": the admission refuses as it would at once
 		case <-timer.C():
 			return nil
 		case <-ctx.Done():

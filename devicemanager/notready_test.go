@@ -210,6 +210,20 @@ func TestWaitForPluginNotPastTheGracePeriod(t *testing.T) {
 	assert.NotErrorIs(t, err, ErrPluginNotReady)
 }
 
+// A wait ends when the resource's grace period does: the resource is then
+// no longer "not ready", and the admission refuses as it would at once.
+func TestWaitForPluginEndsWithTheGracePeriod(t *testing.T) {
+	h, pod := restartedWithoutPlugin(t, func(o *Options) { o.PluginWaitTimeout = time.Hour })
+	done := h.allocateAsync(context.Background(), pod)
+	h.waitWaiting()
+	h.clock.Step(DefaultStopGracePeriod - time.Second)
+	h.requireWaiting(done)
+	h.clock.Step(2 * time.Second)
+	err := h.allocateResult(done)
+	require.ErrorIs(t, err, ErrNoHealthyDevices)
+	assert.NotErrorIs(t, err, ErrPluginNotReady)
+}
+
 // A wait that runs out refuses with ErrPluginNotReady, as without a wait.
 func TestWaitForPluginExpires(t *testing.T) {
 	h, pod := restartedWithoutPlugin(t, func(o *Options) { o.PluginWaitTimeout = time.Minute })

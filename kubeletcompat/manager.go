@@ -8,8 +8,13 @@
 // add operation (a resize allocates nothing), and the hints ignore the
 // operation; AllocatePod allocates nothing, since the kubelet's device
 // manager has no pod-level allocation; the health checker fails only while
-// the registration server has failed; the Updates channel is never closed. The loggers the interface passes are not used: the manager logs
-// through devicemanager.Options.Logger.
+// the registration server has failed; the Updates channel is never closed.
+// The loggers the interface passes are not used: the manager logs through
+// devicemanager.Options.Logger. Where devmgr deliberately differs from the
+// kubelet, so does the adapter: for one, a resource whose plugin is connected
+// but has not listed its devices yet refuses the container
+// (devicemanager.ErrPluginNotReady), where the kubelet starts it without
+// the device.
 //
 // This package is a module of its own, so that devmgr itself never depends on
 // k8s.io/kubernetes.
