@@ -67,8 +67,8 @@ bench-check:
 ## reach) is tidy, passes go vet and its tests. As root they run the kubelet's
 ## topology manager over the adapter and over the kubelet's own device manager
 ## (k8s.io/kubernetes v1.37.2, the build bench-check shares), in a private
-## mount namespace; without root those tests skip (they fail instead when
-## KUBELETCOMPAT_REQUIRE_KUBELET is set, as CI sets it).
+## mount namespace, so they need root and unshare -m: without them they fail,
+## saying why.
 compat:
 	cd kubeletcompat && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) test -count=1 ./...
 

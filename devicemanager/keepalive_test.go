@@ -56,15 +56,11 @@ func TestKeepaliveFindsWedgedPlugin(t *testing.T) {
 	require.NoError(t, p.RegisterWith(context.Background(), h.kubeletSocket(), req))
 	h.waitCapacity(res1, 3, 3)
 
-	wedged := time.Now()
 	proxy.wedge()
-	limit := shortKeepalive + timeout
 	require.Eventually(t, func() bool {
 		c, a := h.capacity(res1)
 		return c == 3 && a == 0
-	}, limit+10*time.Second, 10*time.Millisecond, "the wedged plugin is disconnected")
-	elapsed := time.Since(wedged)
-	assert.LessOrEqual(t, elapsed, limit+3*time.Second, "found within Time+Timeout (and scheduling)")
+	}, shortKeepalive+timeout+10*time.Second, 10*time.Millisecond, "the wedged plugin is disconnected")
 	assert.Equal(t, 1, p.Streams(), "the plugin itself never saw its stream end")
 }
 

@@ -17,11 +17,9 @@ import (
 // a private mount namespace (unshare -m) where /var/lib/kubelet, or /var/lib
 // when the host has no /var/lib/kubelet, is covered by a tmpfs: that
 // directory is then the test's own, and nothing is written on the host's.
-// Elsewhere the tests that need the kubelet's manager skip, saying why, or
-// fail when requireEnv is set (CI sets it, so that they cannot go missing).
+// Elsewhere the tests that need the kubelet's manager fail, saying why.
 const (
 	namespaceEnv    = "KUBELETCOMPAT_NAMESPACE"
-	requireEnv      = "KUBELETCOMPAT_REQUIRE_KUBELET"
 	namespaceScript = `set -eu
 if [ -e /var/lib/kubelet ]; then top=/var/lib/kubelet; else top=/var/lib; fi
 mount -t tmpfs -o mode=0755,size=16m kubeletcompat "$top"
@@ -75,15 +73,11 @@ func checkNamespace() string {
 	return ""
 }
 
-// needKubelet skips a test that runs the kubelet's device manager where it
-// cannot run, or fails it if requireEnv is set.
+// needKubelet fails a test that runs the kubelet's device manager where it
+// cannot run, saying why.
 func needKubelet(t *testing.T) {
 	t.Helper()
-	switch {
-	case noNamespace == "":
-	case os.Getenv(requireEnv) != "":
-		t.Fatalf("%s is set, but %s", requireEnv, noNamespace)
-	default:
-		t.Skip("SKIP: " + noNamespace)
+	if noNamespace != "" {
+		t.Fatal(noNamespace)
 	}
 }
