@@ -134,6 +134,12 @@ type Endpoint struct {
 // for the deadline. On any error the connection is closed.
 func Dial(ctx context.Context, resource, path string, opts Options) (*Endpoint, error) {
 	opts = opts.withDefaults()
+	if err := ctx.Err(); err != nil {
+		// The caller gave up before any dial. Checked here because a call
+		// made with a done context can still race the channel to Ready and
+		// would then be reported as the plugin's failure.
+		return nil, fmt.Errorf("failed to dial device plugin: %s: %w", path, status.FromContextError(err).Err())
+	}
 	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", path)
