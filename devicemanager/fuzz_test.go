@@ -29,6 +29,7 @@ import (
 
 	"github.com/openkubelet/devmgr/checkpoint"
 	"github.com/openkubelet/devmgr/endpoint"
+	"github.com/openkubelet/devmgr/internal/pluginreg"
 	"github.com/openkubelet/devmgr/plugintest"
 	"github.com/openkubelet/devmgr/topology"
 )
@@ -163,7 +164,7 @@ func specBareEndpoint(dir, ep string) bool {
 	if ep == "" || ep == "." || ep == ".." || strings.ContainsAny(ep, "/\x00") {
 		return false
 	}
-	return len(dir)+1+len(ep) <= maxSocketPath
+	return len(dir)+1+len(ep) <= pluginreg.MaxSocketPath
 }
 
 // FuzzRegisterRequest feeds arbitrary version, resource name and endpoint
@@ -221,7 +222,7 @@ func FuzzRegisterRequest(f *testing.F) {
 	}
 
 	f.Fuzz(func(t *testing.T, version, name, ep string) {
-		verr := validateVersion(version)
+		verr := pluginreg.CheckVersion(version)
 		if (verr == nil) != (version == pluginapi.Version) {
 			t.Fatalf("version %q: validateVersion says %v", version, verr)
 		}
@@ -231,14 +232,14 @@ func FuzzRegisterRequest(f *testing.F) {
 				t.Fatalf("version %q: error %q, want %q", version, verr, want)
 			}
 		}
-		nerr := validateResourceName(name)
+		nerr := pluginreg.CheckResourceName(name)
 		if valid := specExtendedResourceName(name); valid != (nerr == nil) {
 			t.Fatalf("resource name %q: validateResourceName says %v, the rules say valid=%v", name, nerr, valid)
 		}
 		if nerr != nil && nerr.Error() != fmt.Sprintf("the ResourceName %q is invalid", name) {
 			t.Fatalf("resource name %q: error %q", name, nerr)
 		}
-		path, eerr := m.endpointPath(ep)
+		path, eerr := pluginreg.EndpointPath(m.opts.SocketDir, ep)
 		if valid := specBareEndpoint(dir, ep); valid != (eerr == nil) {
 			t.Fatalf("endpoint %q: endpointPath says %v, the rule says valid=%v", ep, eerr, valid)
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/openkubelet/devmgr/internal/pluginreg"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/test/bufconn"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -48,7 +49,7 @@ const localBufferSize = 256 << 10
 // Stop does the same for every local resource still registered.
 func (m *ManagerImpl) RegisterLocal(resourceName string, server pluginapi.DevicePluginServer,
 	opts *pluginapi.DevicePluginOptions) (stop func(), err error) {
-	if err := validateResourceName(resourceName); err != nil {
+	if err := pluginreg.CheckResourceName(resourceName); err != nil {
 		return nil, err
 	}
 	if server == nil {

@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/openkubelet/devmgr/endpoint"
+	"github.com/openkubelet/devmgr/internal/pluginreg"
 	"github.com/openkubelet/devmgr/topology"
 )
 
@@ -144,9 +145,9 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("bad plugins registry directory, must be an absolute path: %q", o.PluginsRegistryDir)
 	}
 	// A unix socket path has room for 107 bytes; kubelet.sock must fit.
-	if n := len(filepath.Join(o.SocketDir, KubeletSocketName)); n > maxSocketPath {
+	if n := len(filepath.Join(o.SocketDir, KubeletSocketName)); n > pluginreg.MaxSocketPath {
 		return o, fmt.Errorf("socket directory %q too long: %s would be %d bytes, the limit is %d",
-			o.SocketDir, KubeletSocketName, n, maxSocketPath)
+			o.SocketDir, KubeletSocketName, n, pluginreg.MaxSocketPath)
 	}
 	for _, n := range o.NUMANodes {
 		if n < 0 || n > 63 {
@@ -199,10 +200,6 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	return o, nil
 }
-
-// maxSocketPath is the longest unix socket path Linux accepts (sun_path holds
-// 108 bytes including the terminating NUL).
-const maxSocketPath = 107
 
 func (o Options) endpointOptions() endpoint.Options {
 	return endpoint.Options{

@@ -6,20 +6,16 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/openkubelet/devmgr/endpoint"
+	"github.com/openkubelet/devmgr/internal/pluginreg"
 )
-
-// supportedVersions are the device-plugin API versions the manager speaks.
-var supportedVersions = []string{pluginapi.Version}
 
 // registrationServer is the Registration gRPC service on kubelet.sock.
 type registrationServer struct {
@@ -35,15 +31,15 @@ func (s *registrationServer) Register(ctx context.Context, req *pluginapi.Regist
 	defer m.countRegistration(req.ResourceName)
 	log := m.log.WithValues(keyResource, req.ResourceName)
 	log.V(2).Info("Got registration request from device plugin", keyVersion, req.Version, "endpoint", req.Endpoint)
-	if err := validateVersion(req.Version); err != nil {
+	if err := pluginreg.CheckVersion(req.Version); err != nil {
 		log.Error(err, "Refused device plugin registration")
 		return &pluginapi.Empty{}, err
 	}
-	if err := validateResourceName(req.ResourceName); err != nil {
+	if err := pluginreg.CheckResourceName(req.ResourceName); err != nil {
 		log.Error(err, "Refused device plugin registration")
 		return &pluginapi.Empty{}, err
 	}
-	path, err := m.endpointPath(req.Endpoint)
+	path, err := pluginreg.EndpointPath(m.opts.SocketDir, req.Endpoint)
 	if err != nil {
 		log.Error(err, "Refused device plugin registration")
 		return &pluginapi.Empty{}, err
@@ -66,7 +62,7 @@ func (s *registrationServer) Register(ctx context.Context, req *pluginapi.Regist
 // names cannot add series without bound.
 func (m *ManagerImpl) countRegistration(name string) {
 	label := registrationInvalid
-	if isExtendedResourceName(name) {
+	if pluginreg.IsExtendedResourceName(name) {
 		m.mu.Lock()
 		_, held := m.resources[name]
 		m.mu.Unlock()
@@ -76,49 +72,6 @@ func (m *ManagerImpl) countRegistration(name string) {
 		}
 	}
 	m.metrics.registrations.WithLabelValues(label).Inc()
-}
-
-func validateVersion(v string) error {
-	if !slices.Contains(supportedVersions, v) {
-		return fmt.Errorf("requested API version %q is not supported by kubelet. Supported version is %q", v, supportedVersions)
-	}
-	return nil
-}
-
-// validateResourceName accepts extended resource names only, as the kubelet
-// does: domain/name, outside kubernetes.io, not "requests."-prefixed, and a
-// qualified name once prefixed with "requests.".
-func validateResourceName(name string) error {
-	if !isExtendedResourceName(name) {
-		return fmt.Errorf("the ResourceName %q is invalid", name)
-	}
-	return nil
-}
-
-func isExtendedResourceName(name string) bool {
-	if !strings.Contains(name, "/") || strings.Contains(name, "kubernetes.io/") ||
-		strings.HasPrefix(name, "requests.") {
-		return false
-	}
-	return len(validation.IsQualifiedName("requests."+name)) == 0
-}
-
-// endpointPath turns a registration's endpoint into the plugin's socket path.
-// The endpoint must be a bare file name: anything that could leave SocketDir
-// ("/", "..", ".", empty) or that no socket can be named (NUL) is refused, and
-// the path must fit in a unix socket address.
-func (m *ManagerImpl) endpointPath(ep string) (string, error) {
-	switch {
-	case ep == "", ep == ".", ep == "..":
-		return "", fmt.Errorf("invalid endpoint %q: must be a file name in %s", ep, m.opts.SocketDir)
-	case strings.ContainsAny(ep, "/\x00"):
-		return "", fmt.Errorf("invalid endpoint %q: must be a file name in %s, without '/' or NUL", ep, m.opts.SocketDir)
-	}
-	path := filepath.Join(m.opts.SocketDir, ep)
-	if len(path) > maxSocketPath {
-		return "", fmt.Errorf("invalid endpoint %q: socket path is %d bytes, the limit is %d", ep, len(path), maxSocketPath)
-	}
-	return path, nil
 }
 
 // connect dials the plugin instance at path and makes it the primary
@@ -397,10 +350,10 @@ type watcherHandler struct{ m *ManagerImpl }
 func (m *ManagerImpl) GetWatcherHandler() PluginHandler { return watcherHandler{m: m} }
 
 func (h watcherHandler) ValidatePlugin(pluginName, _ string, versions []string) error {
-	if !slices.ContainsFunc(versions, func(v string) bool { return slices.Contains(supportedVersions, v) }) {
+	if !slices.ContainsFunc(versions, func(v string) bool { return slices.Contains(pluginreg.SupportedVersions, v) }) {
 		return fmt.Errorf("manager version, %s, is not among plugin supported versions %v", pluginapi.Version, versions)
 	}
-	if err := validateResourceName(pluginName); err != nil {
+	if err := pluginreg.CheckResourceName(pluginName); err != nil {
 		return fmt.Errorf("invalid name of device plugin socket: %w", err)
 	}
 	return nil

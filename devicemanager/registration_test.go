@@ -17,6 +17,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/openkubelet/devmgr/checkpoint"
+	"github.com/openkubelet/devmgr/internal/pluginreg"
 	"github.com/openkubelet/devmgr/plugintest"
 )
 
@@ -274,10 +275,10 @@ func TestDialCompletedAfterStopDropsTheNewEndpoint(t *testing.T) {
 // is accepted.
 func TestEndpointPathAtLimit(t *testing.T) {
 	h := newHarness(t)
-	ep := strings.Repeat("x", maxSocketPath-len(h.opts.SocketDir)-1)
-	path, err := h.m.endpointPath(ep)
+	ep := strings.Repeat("x", pluginreg.MaxSocketPath-len(h.opts.SocketDir)-1)
+	path, err := pluginreg.EndpointPath(h.opts.SocketDir, ep)
 	require.NoError(t, err)
-	assert.Len(t, path, maxSocketPath)
+	assert.Len(t, path, pluginreg.MaxSocketPath)
 }
 
 // A late message from an instance replaced by a re-registration on the same
