@@ -1,0 +1,190 @@
+package sanity
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"sync"
+
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// suite is a plugin under check: the kubelet it registered with, its
+// registration, and the device lists it has sent.
+type suite struct {
+	cfg    Config
+	k      *kubelet
+	ownDir bool
+	reg    *registration
+	watch  *watch
+}
+
+// start serves kubelet.sock, starts the plugin if the configuration says
+// how, and waits for its registration.
+func start(ctx context.Context, cfg Config) (*suite, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	s := &suite{cfg: cfg}
+	if cfg.SocketDir == "" {
+		if s.cfg.SocketDir, err = tempSocketDir(); err != nil {
+			return nil, err
+		}
+		s.ownDir = true
+	} else if err := os.MkdirAll(cfg.SocketDir, 0o750); err != nil {
+		return nil, err
+	}
+	s.k = newKubelet(s.cfg.SocketDir, cfg.CallTimeout)
+	if err := s.k.start(); err != nil {
+		s.close()
+		return nil, err
+	}
+	if cfg.StartPlugin != nil {
+		if err := cfg.StartPlugin(s.cfg.SocketDir); err != nil {
+			s.close()
+			return nil, fmt.Errorf("sanity: start the plugin: %w", err)
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, cfg.RegisterTimeout)
+	defer cancel()
+	s.reg, err = s.k.wait(wctx, 0, func(r *registration) bool {
+		return cfg.ResourceName == "" || r.req.GetResourceName() == cfg.ResourceName
+	})
+	if err != nil {
+		n, names := s.k.received()
+		s.close()
+		what := "a device plugin"
+		if cfg.ResourceName != "" {
+			what = "a device plugin for " + cfg.ResourceName
+		}
+		if n > 0 {
+			return nil, fmt.Errorf("sanity: %s did not register in %s within %v; registered: %q", what, s.cfg.SocketDir, cfg.RegisterTimeout, names)
+		}
+		return nil, fmt.Errorf("sanity: %s did not register in %s within %v", what, s.cfg.SocketDir, cfg.RegisterTimeout)
+	}
+	if s.reg.conn != nil {
+		s.watch = newWatch(s.reg)
+	}
+	return s, nil
+}
+
+func (s *suite) close() {
+	if s.watch != nil {
+		s.watch.stop()
+	}
+	if s.k != nil {
+		s.k.close()
+	}
+	if s.ownDir {
+		_ = os.RemoveAll(s.cfg.SocketDir)
+	}
+}
+
+// client returns the plugin's client, or ends the check when the suite
+// could not reach the plugin.
+func (s *suite) client(c *C) pluginapi.DevicePluginClient {
+	if s.reg.conn == nil {
+		c.fatalf("reachable endpoint", "the plugin could not be reached at its endpoint %q: %v", s.reg.req.GetEndpoint(), s.reg.err)
+	}
+	return pluginapi.NewDevicePluginClient(s.reg.conn)
+}
+
+// healthy returns the healthy device IDs of the latest list that has any
+// device, waiting up to ListTimeout for one, or ends the check.
+func (s *suite) healthy(c *C) []string {
+	s.client(c)
+	ctx, cancel := context.WithTimeout(c.ctx, s.cfg.ListTimeout)
+	defer cancel()
+	msgs, err := s.watch.wait(ctx, func(msgs []*pluginapi.ListAndWatchResponse) bool {
+		return slices.ContainsFunc(msgs, func(m *pluginapi.ListAndWatchResponse) bool { return len(m.Devices) > 0 })
+	})
+	if err != nil {
+		c.fatalf("lists a device", "no device listed within %v (%d lists received): the allocation checks need one", s.cfg.ListTimeout, len(msgs))
+	}
+	for _, m := range slices.Backward(msgs) {
+		if len(m.Devices) == 0 {
+			continue
+		}
+		var ids []string
+		for _, d := range m.Devices {
+			if d.Health == pluginapi.Healthy {
+				ids = append(ids, d.ID)
+			}
+		}
+		if len(ids) == 0 {
+			c.fatalf("lists a healthy device", "the latest list has %d devices, none healthy: the allocation checks need one", len(m.Devices))
+		}
+		slices.Sort(ids)
+		return slices.Compact(ids)
+	}
+	panic("unreachable")
+}
+
+// watch is a ListAndWatch stream and every message it brought.
+type watch struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu      sync.Mutex
+	msgs    []*pluginapi.ListAndWatchResponse
+	err     error         // why the stream ended
+	changed chan struct{} // closed and replaced on each message and at the end
+}
+
+func newWatch(r *registration) *watch {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &watch{cancel: cancel, done: make(chan struct{}), changed: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		stream, err := pluginapi.NewDevicePluginClient(r.conn).ListAndWatch(ctx, &pluginapi.Empty{})
+		for err == nil {
+			var m *pluginapi.ListAndWatchResponse
+			if m, err = stream.Recv(); err == nil {
+				w.add(m, nil)
+			}
+		}
+		w.add(nil, err)
+	}()
+	return w
+}
+
+func (w *watch) add(m *pluginapi.ListAndWatchResponse, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if m != nil {
+		w.msgs = append(w.msgs, m)
+	} else {
+		w.err = err
+	}
+	close(w.changed)
+	w.changed = make(chan struct{})
+}
+
+// wait returns the messages so far once done says they are enough, or with
+// an error when ctx ends or the stream does first.
+func (w *watch) wait(ctx context.Context, done func([]*pluginapi.ListAndWatchResponse) bool) ([]*pluginapi.ListAndWatchResponse, error) {
+	for {
+		w.mu.Lock()
+		msgs, err, changed := w.msgs, w.err, w.changed
+		w.mu.Unlock()
+		if done(msgs) {
+			return msgs, nil
+		}
+		if err != nil {
+			return msgs, fmt.Errorf("the ListAndWatch stream ended: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return msgs, errors.New("timed out")
+		case <-changed:
+		}
+	}
+}
+
+func (w *watch) stop() {
+	w.cancel()
+	<-w.done
+}
