@@ -119,7 +119,8 @@ func Checks() []string {
 
 // Run checks a plugin and reports every check's result. It returns an error,
 // and no report, when no plugin could be checked: the directory is in use,
-// the plugin does not register in time, StartPlugin fails.
+// the plugin does not register in time (ErrNotRegistered), StartPlugin
+// fails.
 func Run(ctx context.Context, cfg Config) (Report, error) {
 	s, err := start(ctx, cfg)
 	if err != nil {

@@ -442,6 +442,7 @@ func TestRunWithoutRegistration(t *testing.T) {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	_, err = sanity.Run(t.Context(), sanity.Config{SocketDir: dir, RegisterTimeout: 200 * time.Millisecond, NUMANodes: []int{0}})
 	require.ErrorContains(t, err, "sanity: a device plugin did not register in "+dir+" within 200ms")
+	require.ErrorIs(t, err, sanity.ErrNotRegistered)
 
 	f := newFixture()
 	cfg := f.config(t)
@@ -450,6 +451,7 @@ func TestRunWithoutRegistration(t *testing.T) {
 	_, err = sanity.Run(t.Context(), cfg)
 	require.ErrorContains(t, err, `a device plugin for example.com/fpga did not register`)
 	require.ErrorContains(t, err, `registered: ["example.com/gpu"]`)
+	require.ErrorIs(t, err, sanity.ErrNotRegistered)
 }
 
 // Run refuses a directory whose kubelet.sock something serves: it never
@@ -469,6 +471,7 @@ func TestRunRefusesALiveKubeletSocket(t *testing.T) {
 		defer close(done)
 		_, err := sanity.Run(t.Context(), cfg) // while the first serves kubelet.sock
 		assert.ErrorContains(t, err, "kubelet.sock accepts connections")
+		assert.NotErrorIs(t, err, sanity.ErrNotRegistered)
 		return other.start(t)(d)
 	}
 	_, err = sanity.Run(t.Context(), otherCfg)

@@ -60,16 +60,29 @@ func start(ctx context.Context, cfg Config) (*suite, error) {
 		if cfg.ResourceName != "" {
 			what = "a device plugin for " + cfg.ResourceName
 		}
+		msg := fmt.Sprintf("sanity: %s did not register in %s within %v", what, s.cfg.SocketDir, cfg.RegisterTimeout)
 		if n > 0 {
-			return nil, fmt.Errorf("sanity: %s did not register in %s within %v; registered: %q", what, s.cfg.SocketDir, cfg.RegisterTimeout, names)
+			msg += fmt.Sprintf("; registered: %q", names)
 		}
-		return nil, fmt.Errorf("sanity: %s did not register in %s within %v", what, s.cfg.SocketDir, cfg.RegisterTimeout)
+		return nil, notRegisteredError(msg)
 	}
 	if s.reg.conn != nil {
 		s.watch = newWatch(s.reg)
 	}
 	return s, nil
 }
+
+// ErrNotRegistered matches, with errors.Is, the error of Run and Test when
+// no plugin, or none for Config.ResourceName, registered within
+// RegisterTimeout.
+var ErrNotRegistered = errors.New("sanity: the device plugin did not register")
+
+// notRegisteredError is ErrNotRegistered with what was waited for and what
+// registered instead.
+type notRegisteredError string
+
+func (e notRegisteredError) Error() string      { return string(e) }
+func (notRegisteredError) Is(target error) bool { return target == ErrNotRegistered }
 
 func (s *suite) close() {
 	if s.watch != nil {
