@@ -162,7 +162,7 @@ func TestHelpHasExamples(t *testing.T) {
 // coverage.
 func TestCommandsHaveExamples(t *testing.T) {
 	root := newRootCmd()
-	for _, path := range [][]string{{"demo"}, {"checkpoint"}, {"checkpoint", "inspect"}, {"checkpoint", "verify"}} {
+	for _, path := range [][]string{{"demo"}, {"checkpoint"}, {"checkpoint", "inspect"}, {"checkpoint", "verify"}, {"sanity"}} {
 		cmd, _, err := root.Find(path)
 		require.NoError(t, err)
 		assert.NotEmpty(t, cmd.Example, path)

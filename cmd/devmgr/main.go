@@ -47,8 +47,8 @@ const (
 	// does not decode or its checksum does not match.
 	exitRefused = 3
 	// exitNotFound: what was named is not there: no admitted pod with that
-	// UID, no such file, or no devmgr serve answering on the control socket
-	// (nothing was sent).
+	// UID, no such file, no devmgr serve answering on the control socket
+	// (nothing was sent), or no device plugin registering with sanity.
 	exitNotFound = 4
 	// exitNotReady: serve refused the admission because a resource's
 	// device plugin is not ready yet (HTTP 503, reason PluginNotReady): a
@@ -58,12 +58,13 @@ const (
 
 const exitCodesHelp = `Exit codes:
   0  success
-  1  any other error (a plugin call failed, no answer in time, ...)
+  1  any other error (a plugin call failed, no answer in time, a sanity
+     check failed, ...)
   2  usage: unknown command or flag, bad flag value, missing argument
   3  refused or corrupt: serve refused the admission, or the checkpoint
      does not verify
-  4  not found or unreachable: no such pod or file, or nothing serves the
-     control socket
+  4  not found or unreachable: no such pod or file, nothing serves the
+     control socket, or no device plugin registered with sanity
   5  not ready, retry: serve refused the admission because a device plugin
      has not registered again or listed its devices yet`
 
@@ -77,6 +78,7 @@ func newRootCmd() *cobra.Command {
   devmgr serve                a standalone device manager / fake kubelet for plugin authors
   devmgr status|pods|admit|release   talk to a running "devmgr serve"
   devmgr checkpoint inspect|verify   read and check a kubelet_internal_checkpoint
+  devmgr sanity               check a device plugin the way the kubelet will use it
   devmgr version              the version and VCS revision of this binary
 
 The commands that talk to "devmgr serve" find its control socket in
@@ -101,6 +103,7 @@ The commands that talk to "devmgr serve" find its control socket in
 		newServeCmd(),
 		newStatusCmd(), newPodsCmd(), newAdmitCmd(), newReleaseCmd(),
 		newCheckpointCmd(),
+		newSanityCmd(),
 		newVersionCmd(),
 	)
 	classifyRunErrors(root)

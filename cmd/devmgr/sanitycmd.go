@@ -1,0 +1,217 @@
+package main
+
+import (
+	"encoding/xml"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"regexp"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/openkubelet/devmgr/sanity"
+)
+
+// sanityOptions are the flags of "devmgr sanity".
+type sanityOptions struct {
+	socketDir         string
+	resource          string
+	junit             string
+	skip              string
+	registerTimeout   time.Duration
+	reregisterTimeout time.Duration
+}
+
+func newSanityCmd() *cobra.Command {
+	o := &sanityOptions{}
+	cmd := &cobra.Command{
+		Use:   "sanity --socket-dir DIR",
+		Short: "Check a device plugin the way the kubelet will use it",
+		Long: `sanity is a conformance suite for device plugins. It serves kubelet.sock in
+DIR, waits for a plugin started separately to register there (the plugin
+watches DIR for kubelet.sock, as on a node), and checks its registration,
+its ListAndWatch lists, GetPreferredAllocation, Allocate, PreStartContainer,
+concurrent Allocate calls, and that it registers again when kubelet.sock is
+re-created, as after a kubelet restart. At start and for the restart check
+it removes every unix socket in DIR, the plugin's too, as a starting kubelet
+does.
+
+At the end it prints one line per check (passed, failed or skipped, and how
+long it took), with the messages of each failed or skipped check under it,
+and the counts. --junit FILE also writes the results as JUnit XML, one test
+case per check. A failure names the rule and what the plugin sent.
+list-and-watch/update is always skipped here: it needs a way to make the
+plugin send a new list, which only a Go test gives (sanity.Config.TriggerUpdate).
+
+sanity refuses a DIR whose kubelet.sock accepts connections, so it never
+takes over the directory of a running kubelet.
+
+Exit codes: 0 every check that ran passed (skipped ones do not count); 1 a
+check failed, or the suite could not run; 2 a bad flag (--skip that is not a
+regular expression); 4 no plugin (or none for --resource) registered within
+--register-timeout.`,
+		Example: `  # Then start your plugin with its kubelet socket at /tmp/dp/kubelet.sock.
+  devmgr sanity --socket-dir /tmp/dp
+
+  # In CI: JUnit XML for the test report, and no restart check.
+  devmgr sanity --socket-dir /tmp/dp --junit sanity.xml --skip '^restart/'`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runSanity(cmd, o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.socketDir, "socket-dir", "", "directory to serve kubelet.sock in, where the plugin puts its socket (created if missing)")
+	f.StringVar(&o.resource, "resource", "", "the resource to check when the plugin registers several (default: the first to register)")
+	f.StringVar(&o.junit, "junit", "", "also write the results to this file as JUnit XML")
+	f.StringVar(&o.skip, "skip", "", "skip the checks whose names (such as allocate/cdi) match this regular expression")
+	f.DurationVar(&o.registerTimeout, "register-timeout", 30*time.Second, "how long to wait for the plugin's first registration")
+	f.DurationVar(&o.reregisterTimeout, "reregister-timeout", 60*time.Second, "how long the restart check waits for the plugin to register again")
+	if err := cmd.MarkFlagRequired("socket-dir"); err != nil {
+		panic(err) // a flag defined above
+	}
+	return cmd
+}
+
+func runSanity(cmd *cobra.Command, o *sanityOptions) error {
+	cfg, err := o.config()
+	if err != nil {
+		return withExitCode(exitUsage, err)
+	}
+	// Interrupted, the suite still removes kubelet.sock.
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rep, err := sanity.Run(ctx, cfg)
+	if errors.Is(err, sanity.ErrNotRegistered) {
+		return &exitError{code: exitNotFound, err: err}
+	}
+	if err != nil {
+		return err
+	}
+	counts := writeSanityText(cmd.OutOrStdout(), cfg.SocketDir, rep)
+	if o.junit != "" {
+		if err := writeJUnitFile(o.junit, rep); err != nil {
+			return err
+		}
+	}
+	if n := counts[sanity.Failed]; n > 0 {
+		return fmt.Errorf("%d of %d checks failed", n, len(rep.Results))
+	}
+	return nil
+}
+
+// config checks the flags; each error names the flag to change.
+func (o *sanityOptions) config() (sanity.Config, error) {
+	cfg := sanity.Config{ResourceName: o.resource}
+	var err error
+	if cfg.SocketDir, err = absDir("--socket-dir", o.socketDir); err != nil {
+		return cfg, err
+	}
+	if o.skip != "" {
+		if cfg.Skip, err = regexp.Compile(o.skip); err != nil {
+			return cfg, fmt.Errorf("--skip: %w", err)
+		}
+	}
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{{"--register-timeout", o.registerTimeout}, {"--reregister-timeout", o.reregisterTimeout}} {
+		if d.v <= 0 {
+			return cfg, fmt.Errorf("%s must be positive, not %s", d.flag, d.v)
+		}
+	}
+	cfg.RegisterTimeout, cfg.ReregisterTimeout = o.registerTimeout, o.reregisterTimeout
+	return cfg, nil
+}
+
+// writeSanityText writes the summary: the plugin checked, one line per
+// check with the messages of a failed or skipped check indented under it,
+// and the counts, which it returns.
+func writeSanityText(w io.Writer, dir string, rep sanity.Report) map[sanity.Status]int {
+	width := len("CHECK")
+	for _, r := range rep.Results {
+		width = max(width, len(r.Name))
+	}
+	counts := map[sanity.Status]int{}
+	fmt.Fprintf(w, "Checked %s, registered in %s on endpoint %s\n\n", rep.Resource, dir, rep.Endpoint)
+	fmt.Fprintf(w, "%-*s  %-7s  %s\n", width, "CHECK", "STATUS", "DURATION")
+	for _, r := range rep.Results {
+		counts[r.Status]++
+		fmt.Fprintf(w, "%-*s  %-7s  %s\n", width, r.Name, r.Status, r.Duration.Round(time.Millisecond))
+		if r.Status != sanity.Passed {
+			for _, m := range r.Messages {
+				fmt.Fprintf(w, "    %s\n", m)
+			}
+		}
+	}
+	fmt.Fprintf(w, "\n%d passed, %d failed, %d skipped\n", counts[sanity.Passed], counts[sanity.Failed], counts[sanity.Skipped])
+	return counts
+}
+
+// The JUnit XML of a report: one test suite, one test case per check, its
+// group as the class name.
+type junitSuite struct {
+	XMLName  xml.Name    `xml:"testsuite"`
+	Name     string      `xml:"name,attr"`
+	Tests    int         `xml:"tests,attr"`
+	Failures int         `xml:"failures,attr"`
+	Skipped  int         `xml:"skipped,attr"`
+	Time     string      `xml:"time,attr"`
+	Cases    []junitCase `xml:"testcase"`
+}
+
+type junitCase struct {
+	ClassName string        `xml:"classname,attr"`
+	Name      string        `xml:"name,attr"`
+	Time      string        `xml:"time,attr"`
+	Failure   *junitMessage `xml:"failure"`
+	Skipped   *junitMessage `xml:"skipped"`
+}
+
+// junitMessage is a failure or a skip: the messages on one line in the
+// attribute, one a line in the body.
+type junitMessage struct {
+	Message string `xml:"message,attr"`
+	Text    string `xml:",chardata"`
+}
+
+func newJUnitSuite(rep sanity.Report) junitSuite {
+	s := junitSuite{Name: "devmgr sanity", Tests: len(rep.Results)}
+	var total time.Duration
+	for _, r := range rep.Results {
+		group, name, _ := strings.Cut(r.Name, "/")
+		c := junitCase{ClassName: group, Name: name, Time: seconds(r.Duration)}
+		m := &junitMessage{Message: strings.Join(r.Messages, "; "), Text: strings.Join(r.Messages, "\n")}
+		switch r.Status {
+		case sanity.Failed:
+			c.Failure = m
+			s.Failures++
+		case sanity.Skipped:
+			c.Skipped = m
+			s.Skipped++
+		}
+		total += r.Duration
+		s.Cases = append(s.Cases, c)
+	}
+	s.Time = seconds(total)
+	return s
+}
+
+func seconds(d time.Duration) string { return fmt.Sprintf("%.3f", d.Seconds()) }
+
+func writeJUnitFile(path string, rep sanity.Report) error {
+	b, err := xml.MarshalIndent(newJUnitSuite(rep), "", "  ")
+	if err != nil {
+		return err
+	}
+	b = append([]byte(xml.Header), append(b, '\n')...)
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return fmt.Errorf("--junit: %w", err)
+	}
+	return nil
+}
