@@ -96,6 +96,39 @@ func requireUnshare(t *testing.T) {
 	}
 }
 
+// testDirs makes a short directory (unix socket paths), removed at the end,
+// with the socket directory and the plugin's /tmp in it.
+func testDirs(t *testing.T) (dir, sockDir, pluginTmp string) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "io")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sockDir = filepath.Join(dir, "dp")
+	pluginTmp = filepath.Join(dir, "ptmp")
+	require.NoError(t, os.MkdirAll(sockDir, 0o750))
+	require.NoError(t, os.MkdirAll(pluginTmp, 0o755))
+	return dir, sockDir, pluginTmp
+}
+
+// startSamplePlugin starts the sample plugin, with CDI_ENABLED, in a private
+// mount namespace where it sees sockDir as /var/lib/kubelet/device-plugins
+// and pluginTmp as its /tmp, with private /var/lib and /run.
+func startSamplePlugin(t *testing.T, pluginBin, sockDir, pluginTmp, logPath string) *process {
+	t.Helper()
+	script := `set -e
+mount -t tmpfs tmpfs /var/lib
+mkdir -p /var/lib/kubelet/device-plugins
+mount --bind "$SOCK_DIR" /var/lib/kubelet/device-plugins
+mount -t tmpfs tmpfs /run
+mkdir -p /run/cdi /run/interop-bin
+mount --bind "$BIN_DIR" /run/interop-bin
+mount --bind "$PLUGIN_TMP" /tmp
+exec /run/interop-bin/sample-device-plugin`
+	return startProcess(t, "sample device plugin", logPath, []string{
+		"SOCK_DIR=" + sockDir, "BIN_DIR=" + filepath.Dir(pluginBin), "PLUGIN_TMP=" + pluginTmp, "CDI_ENABLED=1",
+	}, "unshare", "-m", "--propagation", "private", "sh", "-c", script)
+}
+
 // process is a started command with its output in a log file.
 type process struct {
 	name string
@@ -272,14 +305,7 @@ spec:
 func TestSampleDevicePlugin(t *testing.T) {
 	requireUnshare(t)
 	devmgr, pluginBin, grpcurl := buildBinaries(t)
-
-	dir, err := os.MkdirTemp("", "io") // short: unix socket paths
-	require.NoError(t, err)
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	sockDir := filepath.Join(dir, "dp")
-	pluginTmp := filepath.Join(dir, "ptmp") // the plugin's /tmp
-	require.NoError(t, os.MkdirAll(sockDir, 0o750))
-	require.NoError(t, os.MkdirAll(pluginTmp, 0o755))
+	dir, sockDir, pluginTmp := testDirs(t)
 	c := client{t: t, devmgr: devmgr, control: filepath.Join(dir, "ctl.sock")}
 
 	prSocket := filepath.Join(dir, "pr", "kubelet.sock")
@@ -288,20 +314,7 @@ func TestSampleDevicePlugin(t *testing.T) {
 	serve := startProcess(t, "devmgr serve", filepath.Join(dir, "serve.log"), nil, serveArgs...)
 	waitFor(t, "devmgr serve to answer", 10*time.Second, func() bool { _, ok := c.status(); return ok }, serve)
 
-	// The plugin sees the test's socket directory as
-	// /var/lib/kubelet/device-plugins, and private /var/lib, /run and /tmp.
-	script := `set -e
-mount -t tmpfs tmpfs /var/lib
-mkdir -p /var/lib/kubelet/device-plugins
-mount --bind "$SOCK_DIR" /var/lib/kubelet/device-plugins
-mount -t tmpfs tmpfs /run
-mkdir -p /run/cdi /run/interop-bin
-mount --bind "$BIN_DIR" /run/interop-bin
-mount --bind "$PLUGIN_TMP" /tmp
-exec /run/interop-bin/sample-device-plugin`
-	plugin := startProcess(t, "sample device plugin", filepath.Join(dir, "plugin.log"), []string{
-		"SOCK_DIR=" + sockDir, "BIN_DIR=" + filepath.Dir(pluginBin), "PLUGIN_TMP=" + pluginTmp, "CDI_ENABLED=1",
-	}, "unshare", "-m", "--propagation", "private", "sh", "-c", script)
+	plugin := startSamplePlugin(t, pluginBin, sockDir, pluginTmp, filepath.Join(dir, "plugin.log"))
 
 	waitFor(t, "the sample plugin to register Dev-1 and Dev-2", 30*time.Second, func() bool {
 		capacity, allocatable, _, devs, ok := c.resource()
@@ -331,7 +344,7 @@ exec /run/interop-bin/sample-device-plugin`
 	assert.Equal(t, "/tmp/"+dev, a.Containers[0].RunOptions.Mounts[0].HostPath)
 	require.Len(t, a.Containers[0].RunOptions.CDIDevices, 1)
 	assert.Equal(t, sampleResource+"=CDI-"+dev, a.Containers[0].RunOptions.CDIDevices[0].Name)
-	_, err = os.Stat(filepath.Join(pluginTmp, dev))
+	_, err := os.Stat(filepath.Join(pluginTmp, dev))
 	assert.NoError(t, err, "the plugin's fake device file, in its private /tmp")
 	t.Logf("allocated: pod interop-1 got %s, mount /tmp/%s, CDI %s", dev, dev, a.Containers[0].RunOptions.CDIDevices[0].Name)
 
