@@ -44,7 +44,7 @@ func readmeBlocks(t *testing.T, lang string) [][]string {
 // Every Go line of the README stands in a compiled, run Example.
 func TestReadmeGoSnippetsAreExamples(t *testing.T) {
 	var examples strings.Builder
-	for _, f := range []string{"devicemanager/example_test.go", "plugintest/example_devmgr_test.go", "podadmit/example_test.go"} {
+	for _, f := range []string{"devicemanager/example_test.go", "plugintest/example_devmgr_test.go", "podadmit/example_test.go", "sanity/example_test.go"} {
 		b, err := os.ReadFile(filepath.Join(repoRoot, f))
 		require.NoError(t, err)
 		examples.Write(b)
