@@ -6,7 +6,8 @@ import (
 	"github.com/openkubelet/devmgr/sanity"
 )
 
-// The README's example of a plugin's own test: startMyPlugin stands for
+// The README's example of a plugin's own test, and the test of Test: a
+// correct plugin passes every subtest. startMyPlugin stands for
 // starting the plugin under test, here the suite's correct fixture.
 func TestMyPlugin(t *testing.T) {
 	sanity.Test(t, sanity.Config{

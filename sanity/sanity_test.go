@@ -182,15 +182,6 @@ func TestCorrectPluginPassesEveryCheck(t *testing.T) {
 	assert.Len(t, f.plugins, 2, "the plugin registered again after the restart")
 }
 
-// Test runs the same checks as subtests of a Go test.
-func TestSuiteAsGoTest(t *testing.T) {
-	sanity.Test(t, newFixture().config(t))
-	for _, name := range sanity.Checks() {
-		group, _, _ := strings.Cut(name, "/")
-		assert.NotEmpty(t, group)
-	}
-}
-
 // A plugin that breaks one rule fails the check of that rule, with a
 // message that names the rule and what the plugin sent; the other checks
 // pass, but for those that the broken rule makes impossible (also).
