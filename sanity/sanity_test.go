@@ -187,7 +187,7 @@ func TestCorrectPluginPassesEveryCheck(t *testing.T) {
 // pass, but for those that the broken rule makes impossible (also).
 func TestEachCheckFailsOnItsBrokenPlugin(t *testing.T) {
 	badDevices := func(f *fixture, devs ...*pluginapi.Device) { f.opts.Devices = devs }
-	for _, tc := range []struct {
+	cases := []struct {
 		check     string
 		breakRule func(f *fixture, cfg *sanity.Config)
 		want      string   // in the check's messages
@@ -237,6 +237,13 @@ func TestEachCheckFailsOnItsBrokenPlugin(t *testing.T) {
 		want:      "lists a device: no device listed within 300ms",
 		also:      []string{"list-and-watch/.*", "preferred-allocation/.*", "allocate/.*", "pre-start/.*", "concurrency/.*", "restart/.*"},
 	}, {
+		check: "list-and-watch/update",
+		breakRule: func(_ *fixture, cfg *sanity.Config) {
+			cfg.TriggerUpdate = func(context.Context) error { return nil } // the plugin sends nothing
+			cfg.ListTimeout = 300 * time.Millisecond
+		},
+		want: "new list after a change: no ListAndWatch message within 300ms of TriggerUpdate",
+	}, {
 		check: "list-and-watch/device-ids",
 		breakRule: func(f *fixture, _ *sanity.Config) {
 			badDevices(f, &pluginapi.Device{ID: "gpu-0", Health: pluginapi.Healthy}, &pluginapi.Device{ID: "gpu-0", Health: pluginapi.Healthy})
@@ -255,13 +262,6 @@ func TestEachCheckFailsOnItsBrokenPlugin(t *testing.T) {
 				Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: 7}}}})
 		},
 		want: `topology names NUMA nodes of this machine: list 1: device "gpu-0" names NUMA node 7; this machine has [0]`,
-	}, {
-		check: "list-and-watch/update",
-		breakRule: func(_ *fixture, cfg *sanity.Config) {
-			cfg.TriggerUpdate = func(context.Context) error { return nil } // the plugin sends nothing
-			cfg.ListTimeout = 300 * time.Millisecond
-		},
-		want: "new list after a change: no ListAndWatch message within 300ms of TriggerUpdate",
 	}, {
 		check: "preferred-allocation/subset",
 		breakRule: func(f *fixture, _ *sanity.Config) {
@@ -351,7 +351,13 @@ func TestEachCheckFailsOnItsBrokenPlugin(t *testing.T) {
 			}
 		},
 		want: "same devices after the restart: healthy devices before gpu-0,gpu-1,gpu-2, after gpu-0,gpu-1",
-	}} {
+	}}
+	var covered []string
+	for _, tc := range cases {
+		covered = append(covered, tc.check)
+	}
+	assert.Equal(t, sanity.Checks(), slices.Compact(covered), "one broken plugin, at least, per check, in the order they run")
+	for _, tc := range cases {
 		t.Run(tc.check, func(t *testing.T) {
 			f := newFixture()
 			cfg := f.config(t)
