@@ -136,7 +136,12 @@ func (s *suite) healthy(c *C) []string {
 	panic("unreachable")
 }
 
-// watch is a ListAndWatch stream and every message it brought.
+// maxLists bounds the lists a watch keeps: a plugin that sends more in one
+// run floods its stream, and the suite stops reading it.
+const maxLists = 1000
+
+// watch is a ListAndWatch stream and every message it brought, up to
+// maxLists.
 type watch struct {
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -153,9 +158,13 @@ func newWatch(r *registration) *watch {
 	go func() {
 		defer close(w.done)
 		stream, err := pluginapi.NewDevicePluginClient(r.conn).ListAndWatch(ctx, &pluginapi.Empty{})
-		for err == nil {
+		for n := 0; err == nil; n++ {
 			var m *pluginapi.ListAndWatchResponse
-			if m, err = stream.Recv(); err == nil {
+			switch m, err = stream.Recv(); {
+			case err != nil:
+			case n == maxLists:
+				err = fmt.Errorf("the plugin sent more than %d lists: the suite stopped reading", maxLists)
+			default:
 				w.add(m, nil)
 			}
 		}
