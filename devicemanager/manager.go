@@ -285,7 +285,7 @@ func (m *ManagerImpl) claimSocketDir(reconcile bool) (*net.UnixListener, fs.File
 // It does not write the checkpoint. Idempotent; safe before Start. After Stop
 // the getters keep answering from the last state, Allocate fails with
 // ErrStopped, and the Updates and Events channels are closed (events not yet
-// received are dropped; see Events).
+// received are kept for UndeliveredEvents).
 func (m *ManagerImpl) Stop() error {
 	m.stopOnce.Do(func() {
 		m.mu.Lock()
