@@ -132,11 +132,7 @@ type allocated struct {
 // container, resource by resource in name order, then records them together.
 func (m *ManagerImpl) allocateContainerResources(ctx context.Context, pod *v1.Pod, container *v1.Container) error {
 	podUID := string(pod.UID)
-	log, err := logr.FromContext(ctx)
-	if err != nil {
-		log = m.log // the caller's logger when it gave one, else the manager's
-	}
-	log = log.WithValues(keyPod, klog.KObj(pod), keyPodUID, podUID, keyContainer, container.Name)
+	log := m.containerLogger(ctx, pod, container)
 
 	var done []allocated
 	release := func() {
@@ -147,10 +143,8 @@ func (m *ManagerImpl) allocateContainerResources(ctx context.Context, pod *v1.Po
 		}
 		m.mu.Unlock()
 	}
-	names := slices.DeleteFunc(sortedResourceNames(container.Resources.Limits), func(name string) bool {
-		return isDRABacked(pod, container.Name, name)
-	})
-	if err := m.awaitPlugins(ctx, log, podUID, container, names); err != nil {
+	names := pluginResourceNames(pod, container)
+	if _, err := m.awaitPlugins(ctx, log, podUID, container, names); err != nil {
 		return err
 	}
 	collected := false
@@ -237,6 +231,24 @@ func (m *ManagerImpl) allocateContainerResources(ctx context.Context, pod *v1.Po
 	}
 	m.pushAdmitted(podUID, container.Name, resources)
 	return nil
+}
+
+// containerLogger returns the caller's logger when ctx carries one, else the
+// manager's, with the pod and container named.
+func (m *ManagerImpl) containerLogger(ctx context.Context, pod *v1.Pod, container *v1.Container) klog.Logger {
+	log, err := logr.FromContext(ctx)
+	if err != nil {
+		log = m.log
+	}
+	return log.WithValues(keyPod, klog.KObj(pod), keyPodUID, string(pod.UID), keyContainer, container.Name)
+}
+
+// pluginResourceNames returns, sorted, the resources container asks for
+// that no DRA claim of pod serves.
+func pluginResourceNames(pod *v1.Pod, container *v1.Container) []string {
+	return slices.DeleteFunc(sortedResourceNames(container.Resources.Limits), func(name string) bool {
+		return isDRABacked(pod, container.Name, name)
+	})
 }
 
 func sortedResourceNames(l v1.ResourceList) []string {

@@ -68,16 +68,27 @@ type Event struct {
 // The manager never waits for the reader: events wait in a queue without
 // bound, and a goroutine hands them to the channel while any are queued.
 // Hence a channel, not a callback: a slow callback would hold up admissions.
-// Stop closes the channel, as it closes Updates: events not yet received
-// then are dropped, and changes after Stop are not reported. A release a
-// reader missed that way is reported again by the next Start given the
-// active pods (ReleasePodInactiveAtStart), since garbage collection does not
-// write the checkpoint, unless a later admission wrote it.
+// Stop closes the channel, as it closes Updates, and changes after Stop are
+// not reported. The events the channel had not delivered then are kept, in
+// order: UndeliveredEvents returns them, so that a reader that stops reading
+// at Stop loses none.
 func (m *ManagerImpl) Events() <-chan Event {
 	if m.events == nil {
 		return nil
 	}
 	return m.events.out
+}
+
+// UndeliveredEvents returns, in order, the events that Events() had not
+// delivered when Stop closed it: no event is both delivered and returned,
+// and every event is one or the other. It returns nil until Stop has
+// returned, and when Options.Events is not set; each call returns the same
+// events.
+func (m *ManagerImpl) UndeliveredEvents() []Event {
+	if m.events == nil {
+		return nil
+	}
+	return m.events.undelivered()
 }
 
 // pushReleasedLocked reports what the given pods hold as released. Expects
@@ -119,8 +130,8 @@ func (m *ManagerImpl) pushAdmitted(podUID, container string, resources []string)
 }
 
 // eventQueue hands events to a channel in order without ever blocking the
-// producer or dropping one while the manager runs. A goroutine runs only while
-// events are queued; close ends it.
+// producer or dropping one. A goroutine runs only while events are queued;
+// close ends it and keeps what it had not handed over.
 type eventQueue struct {
 	out  chan Event
 	stop chan struct{} // closed by close
@@ -132,6 +143,9 @@ type eventQueue struct {
 	// sending is set while a goroutine feeds out.
 	sending bool
 	closed  bool
+	// drained is set once close has ended the goroutine: pending then
+	// holds the events out never delivered.
+	drained bool
 }
 
 func newEventQueue() *eventQueue {
@@ -158,23 +172,26 @@ func (q *eventQueue) push(evs ...Event) {
 }
 
 // send hands the queued events to out, oldest first, until none is left or
-// the queue is closed.
+// the queue is closed; then it puts back what it took and did not hand over.
 func (q *eventQueue) send() {
 	defer q.wg.Done()
 	for {
 		q.mu.Lock()
-		batch := q.pending
-		q.pending = nil
-		if len(batch) == 0 || q.closed {
+		if len(q.pending) == 0 || q.closed {
 			q.sending = false
 			q.mu.Unlock()
 			return
 		}
+		batch := q.pending
+		q.pending = nil
 		q.mu.Unlock()
-		for _, ev := range batch {
+		for i, ev := range batch {
 			select {
 			case q.out <- ev:
 			case <-q.stop:
+				q.mu.Lock()
+				q.pending = slices.Concat(batch[i:], q.pending)
+				q.mu.Unlock()
 				return
 			}
 		}
@@ -182,7 +199,7 @@ func (q *eventQueue) send() {
 }
 
 // close refuses further events, ends the goroutine that feeds out (events
-// not yet received are dropped) and closes out. Idempotent.
+// not yet received stay in pending) and closes out. Idempotent.
 func (q *eventQueue) close() {
 	q.mu.Lock()
 	if q.closed {
@@ -194,4 +211,18 @@ func (q *eventQueue) close() {
 	q.mu.Unlock()
 	q.wg.Wait()
 	close(q.out)
+	q.mu.Lock()
+	q.drained = true
+	q.mu.Unlock()
+}
+
+// undelivered returns a copy of the events out never delivered once close
+// has ended the goroutine, else nil.
+func (q *eventQueue) undelivered() []Event {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.drained {
+		return nil
+	}
+	return slices.Clone(q.pending)
 }

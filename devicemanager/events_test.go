@@ -300,6 +300,8 @@ func TestEventsInOrderAndCompleteUnderConcurrency(t *testing.T) {
 	case <-time.After(waitTimeout):
 		t.Fatal("the events channel was not closed")
 	}
+	// Stop may close the channel before the reader has had everything.
+	got = append(got, h.m.UndeliveredEvents()...)
 
 	require.Len(t, held, workers*rounds*3)
 	require.Len(t, got, 2*len(held))
@@ -369,15 +371,16 @@ func TestEventsNoneDroppedWithASlowReader(t *testing.T) {
 	assert.Equal(t, want, takeEvents(t, h.m.Events(), len(want)))
 }
 
-// Stop does not wait for the reader: it closes the channel, dropping what
-// was not received, and the goroutine that fed it ends. Changes after Stop
-// are not reported.
+// Stop does not wait for the reader: it closes the channel, keeping what
+// was not received for UndeliveredEvents, and the goroutine that fed it
+// ends. Changes after Stop are not reported.
 func TestEventsChannelClosesAfterStop(t *testing.T) {
 	t.Run("nothing queued", func(t *testing.T) {
 		leaks := newLeakCheck(t)
 		h := newEventsHarness(t).start()
 		require.NoError(t, h.m.Stop())
 		assert.Empty(t, drainEvents(t, h.m.Events()))
+		assert.Empty(t, h.m.UndeliveredEvents())
 		leaks.verify()
 	})
 	t.Run("events queued for a reader that does not read", func(t *testing.T) {
@@ -393,6 +396,11 @@ func TestEventsChannelClosesAfterStop(t *testing.T) {
 		}
 		assert.Equal(t, admitted("p0", "c", res1, h.held(pods[0], "c", res1)...), nextEvent(t, h.m.Events()),
 			"the first is delivered; two wait")
+		want := []Event{
+			admitted("p1", "c", res1, h.held(pods[1], "c", res1)...),
+			admitted("p2", "c", res1, h.held(pods[2], "c", res1)...),
+		}
+		assert.Nil(t, h.m.UndeliveredEvents(), "nothing is undelivered before Stop")
 		stopped := make(chan error, 1)
 		go func() { stopped <- h.m.Stop() }()
 		select {
@@ -406,8 +414,38 @@ func TestEventsChannelClosesAfterStop(t *testing.T) {
 		}
 		h.m.UpdateAllocatedDevices() // after Stop: not reported
 		assert.Empty(t, h.m.GetDevices("p0", "c"))
-		assert.Empty(t, drainEvents(t, h.m.Events()), "the channel is closed; what waited is dropped")
+		assert.Empty(t, drainEvents(t, h.m.Events()), "the channel is closed")
+		assert.Equal(t, want, h.m.UndeliveredEvents(), "what waited, in order")
+		assert.Equal(t, want, h.m.UndeliveredEvents(), "again")
 		p.Stop()
 		leaks.verify()
 	})
+}
+
+// A reader that reads while Stop runs gets a prefix of the events, and
+// UndeliveredEvents the rest: none is lost, none is in both.
+func TestEventsDeliveredOrUndeliveredAcrossStop(t *testing.T) {
+	const pods = 50
+	leaks := newLeakCheck(t)
+	h := newEventsHarness(t).start()
+	p := h.registered(res1, devices("d", 1))
+	var want []Event
+	for i := range pods {
+		pod := newPod(fmt.Sprintf("p%02d", i), ctr("c", res1, 1))
+		h.pods.add(pod)
+		require.NoError(t, h.admit(pod)) // collects the previous pod
+		if i > 0 {
+			want = append(want, released(ReleasePodInactive, fmt.Sprintf("p%02d", i-1), "c", res1, "d0"))
+		}
+		want = append(want, admitted(string(pod.UID), "c", res1, "d0"))
+		h.pods.remove(pod.UID)
+	}
+	read := make(chan []Event, 1)
+	ch := h.m.Events()
+	go func() { read <- drainEvents(t, ch) }()
+	require.NoError(t, h.m.Stop())
+	delivered := <-read
+	assert.Equal(t, want, append(delivered, h.m.UndeliveredEvents()...))
+	p.Stop()
+	leaks.verify()
 }

@@ -18,7 +18,8 @@ import (
 )
 
 // An agent that scrubs a device (wipes its memory, resets it) once no
-// container holds it: it reads Events until Stop closes the channel.
+// container holds it: it reads Events until Stop closes the channel, then
+// handles what the channel had not delivered, so that it misses no release.
 func ExampleManagerImpl_Events() {
 	dir, _ := os.MkdirTemp("", "dm")
 	defer os.RemoveAll(dir)
@@ -42,20 +43,22 @@ func ExampleManagerImpl_Events() {
 	if err != nil {
 		panic(err)
 	}
+	handle := func(ev devicemanager.Event) {
+		switch ev.Kind {
+		case devicemanager.EventAdmitted:
+			fmt.Println(ev.PodUID, ev.ContainerName, "got", ev.ResourceName, ev.DeviceIDs)
+		case devicemanager.EventReleased:
+			for _, id := range ev.DeviceIDs {
+				fmt.Println("scrub", ev.ResourceName, id, "released by", ev.PodUID, ev.ContainerName, ev.Reason)
+			}
+		}
+	}
 	// The agent: one goroutine, ended by the channel's close.
-	agentDone, scrubbed := make(chan struct{}), make(chan struct{})
+	agentDone := make(chan struct{})
 	go func() {
 		defer close(agentDone)
 		for ev := range mgr.Events() {
-			switch ev.Kind {
-			case devicemanager.EventAdmitted:
-				fmt.Println(ev.PodUID, ev.ContainerName, "got", ev.ResourceName, ev.DeviceIDs)
-			case devicemanager.EventReleased:
-				for _, id := range ev.DeviceIDs {
-					fmt.Println("scrub", ev.ResourceName, id, "released by", ev.PodUID, ev.ContainerName, ev.Reason)
-				}
-				close(scrubbed) // this example releases once
-			}
+			handle(ev)
 		}
 	}()
 	if err := mgr.Start(activePods, nil, nil, nil); err != nil {
@@ -88,11 +91,13 @@ func ExampleManagerImpl_Events() {
 	mu.Unlock()
 	mgr.UpdateAllocatedDevices()
 
-	// Stop drops the events the agent has not received yet: stop once it
-	// has scrubbed.
-	<-scrubbed
+	// Stop does not wait for the agent: what it has not received yet is
+	// handled after.
 	_ = mgr.Stop()
 	<-agentDone
+	for _, ev := range mgr.UndeliveredEvents() {
+		handle(ev)
+	}
 	// Output:
 	// uid-1 trainer got example.com/gpu [gpu-0 gpu-1]
 	// scrub example.com/gpu gpu-0 released by uid-1 trainer PodInactive

@@ -37,8 +37,8 @@ const localBufferSize = 256 << 10
 //
 // RegisterLocal refuses an invalid resource name (as Register does), a call
 // before Start or after Stop (ErrStopped), a resource already registered
-// locally, and a resource over MaxResources or MaxInstancesPerResource
-// (ErrPluginLimit). Once it returns, the resource's first device list may
+// locally or being registered by a concurrent call, and a resource over
+// MaxResources or MaxInstancesPerResource (ErrPluginLimit). Once it returns, the resource's first device list may
 // still be on its way, as after a plugin's registration.
 //
 // stop disconnects the resource as a plugin that goes away: its devices are
@@ -72,11 +72,13 @@ func (m *ManagerImpl) RegisterLocal(resourceName string, server pluginapi.Device
 		m.mu.Unlock()
 		cancel()
 		return nil, fmt.Errorf("register local resource %q: the device manager is not running: %w", resourceName, ErrStopped)
-	case m.resources[resourceName] != nil && m.resources[resourceName].instances[name] != nil:
+	case m.connectingLocal.Has(resourceName) ||
+		m.resources[resourceName] != nil && m.resources[resourceName].instances[name] != nil:
 		m.mu.Unlock()
 		cancel()
 		return nil, fmt.Errorf("register local resource %q: already registered locally", resourceName)
 	}
+	m.connectingLocal.Insert(resourceName)
 	m.wg.Add(2)
 	m.mu.Unlock()
 	go func() {
@@ -92,6 +94,9 @@ func (m *ManagerImpl) RegisterLocal(resourceName string, server pluginapi.Device
 	eopts := m.opts.endpointOptions()
 	eopts.Dialer = lis.DialContext
 	ep, err := m.connectWith(m.ctx, resourceName, name, eopts)
+	m.mu.Lock()
+	m.connectingLocal.Delete(resourceName)
+	m.mu.Unlock()
 	if err != nil {
 		cancel()
 		srv.Stop()

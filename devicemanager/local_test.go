@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -236,4 +237,66 @@ func TestRegisterLocalStoppedByStop(t *testing.T) {
 	st := h.m.Status()
 	require.Len(t, st, 1)
 	assert.True(t, st[0].Endpoints[0].Stopped)
+}
+
+// slowOptionsSource is a goSource whose GetDevicePluginOptions waits for
+// release, after closing asked.
+type slowOptionsSource struct {
+	*goSource
+	asked, release chan struct{}
+}
+
+func (s *slowOptionsSource) GetDevicePluginOptions(ctx context.Context, e *pluginapi.Empty) (*pluginapi.DevicePluginOptions, error) {
+	close(s.asked)
+	select {
+	case <-s.release:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return s.goSource.GetDevicePluginOptions(ctx, e)
+}
+
+// Of two concurrent registrations of one resource, the second is refused
+// as one made after the first would be: the first is not replaced without
+// its caller knowing.
+func TestRegisterLocalConcurrentRegistrationRefused(t *testing.T) {
+	leaks := newLeakCheck(t)
+	h := newHarness(t).start()
+	first := &slowOptionsSource{goSource: newGoSource(dev("a", pluginapi.Healthy)),
+		asked: make(chan struct{}), release: make(chan struct{})}
+	type result struct {
+		stop func()
+		err  error
+	}
+	registered := make(chan result, 1)
+	go func() {
+		stop, err := h.m.RegisterLocal(res1, first, nil)
+		registered <- result{stop, err}
+	}()
+	select {
+	case <-first.asked:
+	case <-time.After(waitTimeout):
+		t.Fatal("the first registration did not ask for the options")
+	}
+
+	stop, err := h.m.RegisterLocal(res1, newGoSource(dev("b", pluginapi.Healthy)), nil)
+	if stop != nil {
+		t.Cleanup(stop)
+	}
+	require.ErrorContains(t, err, "already registered locally", "while the first is connecting")
+
+	close(first.release)
+	var r result
+	select {
+	case r = <-registered:
+	case <-time.After(waitTimeout):
+		t.Fatal("the first registration did not return")
+	}
+	require.NoError(t, r.err)
+	h.waitCapacity(res1, 1, 1)
+	assert.Equal(t, "a", h.m.Status()[0].Devices[0].ID, "the first source serves")
+	r.stop()
+	r.stop()
+	require.NoError(t, h.m.Stop())
+	leaks.verify()
 }

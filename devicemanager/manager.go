@@ -104,6 +104,9 @@ type ManagerImpl struct {
 	dirLocks dirLocks
 	// registry maps each registry socket to the plugin it registered.
 	registry map[string]registryEntry
+	// connectingLocal holds the resources a RegisterLocal call is
+	// connecting, so that a concurrent call for one of them is refused.
+	connectingLocal sets.Set[string]
 }
 
 // NewManagerImpl returns a manager configured by opts. It validates the
@@ -132,6 +135,7 @@ func NewManagerImpl(opts Options) (*ManagerImpl, error) {
 		inflight:        map[string]int{},
 		inflightRPCs:    map[podstate.ReservationID]time.Time{},
 		lastCommit:      map[string]uint64{},
+		connectingLocal: sets.New[string](),
 		inflightChanged: make(chan struct{}),
 		readyChanged:    make(chan struct{}),
 		activePods:      func() []*v1.Pod { return nil },
@@ -285,7 +289,7 @@ func (m *ManagerImpl) claimSocketDir(reconcile bool) (*net.UnixListener, fs.File
 // It does not write the checkpoint. Idempotent; safe before Start. After Stop
 // the getters keep answering from the last state, Allocate fails with
 // ErrStopped, and the Updates and Events channels are closed (events not yet
-// received are dropped; see Events).
+// received are kept for UndeliveredEvents).
 func (m *ManagerImpl) Stop() error {
 	m.stopOnce.Do(func() {
 		m.mu.Lock()

@@ -56,17 +56,48 @@ func (m *ManagerImpl) readyChangedLocked() {
 	m.readyChanged = make(chan struct{})
 }
 
+// WaitForPlugins waits, as Allocate does before it allocates, up to
+// Options.PluginWaitTimeout, until the plugins of container's resources can
+// serve it: none is refused for ErrPluginNotReady, nor for having no healthy
+// device while its plugin lists none at all. It allocates nothing. It
+// returns nil once that holds, or at once when Options.PluginWaitTimeout is
+// zero; when the wait ends before, the refusal Allocate would return then
+// (wrapping ErrPluginNotReady, and the context's error when ctx ended, or
+// ErrNoHealthyDevices); ErrStopped when the manager stops.
+//
+// A caller that admits pods one at a time calls it for each container before
+// it takes its turn, so that a pod whose plugin is not back does not hold up
+// the admission of other pods: its Allocate then finds the plugins ready.
+func (m *ManagerImpl) WaitForPlugins(ctx context.Context, pod *v1.Pod, container *v1.Container) error {
+	if err := checkRequest(pod, container); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	stopped := m.state == stopped
+	m.mu.Unlock()
+	if stopped {
+		return ErrStopped
+	}
+	refusal, err := m.awaitPlugins(ctx, m.containerLogger(ctx, pod, container), string(pod.UID), container,
+		pluginResourceNames(pod, container))
+	if err != nil {
+		return err
+	}
+	return refusal
+}
+
 // awaitPlugins waits, up to Options.PluginWaitTimeout, until none of the
 // named resources of container is refused for ErrPluginNotReady, nor for
 // having no healthy device while its plugin lists none at all (some plugins
-// send an empty list before their devices). It returns nil once that holds
-// or the time is up (the admission then refuses as it would have at once),
-// the refusal wrapping the context's error when ctx ends while a resource
-// is not ready, and ErrStopped when the manager stops. m.mu is not held
-// while it waits.
-func (m *ManagerImpl) awaitPlugins(ctx context.Context, log klog.Logger, podUID string, container *v1.Container, names []string) error {
+// send an empty list before their devices). It returns nil, nil once that
+// holds. When the time is up, or ctx ends while only an empty list holds it,
+// refusal is the refusal of the resource still waited for (the admission
+// then refuses as it would have at once). err wraps ErrPluginNotReady and
+// the context's error when ctx ends while a resource is not ready, and is
+// ErrStopped when the manager stops. m.mu is not held while it waits.
+func (m *ManagerImpl) awaitPlugins(ctx context.Context, log klog.Logger, podUID string, container *v1.Container, names []string) (refusal, err error) {
 	if m.opts.PluginWaitTimeout <= 0 {
-		return nil
+		return nil, nil
 	}
 	var timer clock.Timer
 	for {
@@ -80,20 +111,20 @@ func (m *ManagerImpl) awaitPlugins(ctx context.Context, log klog.Logger, podUID 
 			q := container.Resources.Limits[v1.ResourceName(name)]
 			_, err := m.checkLocked(podUID, container.Name, name, int(q.Value()))
 			if errors.Is(err, ErrPluginNotReady) {
-				notReady, waitFor = err, name
+				notReady, refusal, waitFor = err, err, name
 				if r := m.resources[name]; len(r.instances) == 0 && r.primary != nil {
 					graceEnds = r.primary.StopTime().Add(m.opts.StopGracePeriod)
 				}
 				break
 			}
 			if waitFor == "" && errors.Is(err, ErrNoHealthyDevices) && m.resources[name].listsNothing() {
-				waitFor = name
+				refusal, waitFor = err, name
 			}
 		}
 		changed := m.readyChanged
 		m.mu.Unlock()
 		if waitFor == "" {
-			return nil
+			return nil, nil
 		}
 		if timer == nil {
 			timer = m.opts.Clock.NewTimer(m.opts.PluginWaitTimeout)
@@ -110,14 +141,14 @@ func (m *ManagerImpl) awaitPlugins(ctx context.Context, log klog.Logger, podUID 
 		case <-changed:
 		case <-graceOver: // no longer "not ready": the admission refuses as it would at once
 		case <-timer.C():
-			return nil
+			return refusal, nil
 		case <-ctx.Done():
 			if notReady == nil {
-				return nil // the plugins have spoken: the admission refuses as they say
+				return refusal, nil // the plugins have spoken: the admission refuses as they say
 			}
-			return &admissionError{msg: notReady.Error() + ": " + ctx.Err().Error(), sentinel: ErrPluginNotReady, cause: ctx.Err()}
+			return nil, &admissionError{msg: notReady.Error() + ": " + ctx.Err().Error(), sentinel: ErrPluginNotReady, cause: ctx.Err()}
 		case <-m.ctx.Done():
-			return ErrStopped
+			return nil, ErrStopped
 		}
 	}
 }

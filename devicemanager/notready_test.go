@@ -309,3 +309,66 @@ func TestNegativePluginWaitTimeoutRefused(t *testing.T) {
 	_, err = NewManagerImpl(Options{SocketDir: dir, PluginWaitTimeout: -time.Second})
 	require.ErrorContains(t, err, "bad PluginWaitTimeout -1s: must not be negative")
 }
+
+// WaitForPlugins waits as Allocate would, without allocating: nil once the
+// plugin is ready, else the refusal Allocate would give when the wait ends.
+func TestWaitForPluginsWaitsWithoutAllocating(t *testing.T) {
+	waitAsync := func(h *harness, ctx context.Context, pod *v1.Pod) <-chan error {
+		done := make(chan error, 1)
+		go func() { done <- h.m.WaitForPlugins(ctx, pod, &pod.Spec.Containers[0]) }()
+		return done
+	}
+	t.Run("plugin back", func(t *testing.T) {
+		h, pod := restartedWithoutPlugin(t, func(o *Options) { o.PluginWaitTimeout = time.Minute })
+		done := waitAsync(h, context.Background(), pod)
+		h.waitWaiting()
+		h.requireWaiting(done)
+		h.registered(res1, devices("dev", 2))
+		require.NoError(t, h.allocateResult(done))
+		assert.Nil(t, h.m.GetDevices("fresh", "app"), "nothing is allocated")
+		assert.False(t, h.clock.HasWaiters(), "the wait's timer is stopped")
+		require.NoError(t, h.admit(pod), "Allocate finds the plugin ready")
+	})
+	t.Run("time up", func(t *testing.T) {
+		h, pod := restartedWithoutPlugin(t, func(o *Options) { o.PluginWaitTimeout = time.Minute })
+		done := waitAsync(h, context.Background(), pod)
+		h.waitWaiting()
+		h.clock.Step(time.Minute)
+		err := h.allocateResult(done)
+		require.ErrorIs(t, err, ErrPluginNotReady)
+		assert.EqualError(t, err, "no healthy devices present; cannot allocate unhealthy devices "+res1+
+			": device plugin not ready (no plugin instance is connected)")
+	})
+	t.Run("time up with an empty list", func(t *testing.T) {
+		h, pod := restartedWithoutPlugin(t, func(o *Options) { o.PluginWaitTimeout = time.Minute })
+		h.registered(res1, nil)
+		h.eventually(func() bool {
+			st := h.m.Status()
+			return len(st) == 1 && !st[0].RestoredFromCheckpoint
+		}, "the empty list is applied")
+		done := waitAsync(h, context.Background(), pod)
+		h.waitWaiting()
+		h.clock.Step(time.Minute)
+		err := h.allocateResult(done)
+		require.ErrorIs(t, err, ErrNoHealthyDevices)
+		assert.NotErrorIs(t, err, ErrPluginNotReady)
+	})
+	t.Run("context ends", func(t *testing.T) {
+		h, pod := restartedWithoutPlugin(t, func(o *Options) { o.PluginWaitTimeout = time.Hour })
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		err := h.allocateResult(waitAsync(h, ctx, pod))
+		require.ErrorIs(t, err, ErrPluginNotReady)
+		require.ErrorIs(t, err, context.Canceled)
+	})
+	t.Run("no wait configured", func(t *testing.T) {
+		h, pod := restartedWithoutPlugin(t)
+		require.NoError(t, h.allocateResult(waitAsync(h, context.Background(), pod)))
+		require.ErrorIs(t, h.admit(pod), ErrPluginNotReady, "Allocate refuses at once")
+	})
+	t.Run("stopped", func(t *testing.T) {
+		h, pod := restartedWithoutPlugin(t, func(o *Options) { o.PluginWaitTimeout = time.Hour })
+		require.NoError(t, h.m.Stop())
+		require.ErrorIs(t, h.allocateResult(waitAsync(h, context.Background(), pod)), ErrStopped)
+	})
+}

@@ -121,7 +121,8 @@ type Options struct {
 	// /var/lib/kubelet/plugins_registry. Empty: not watched.
 	PluginsRegistryDir string
 	// Events makes the manager report each admission and release of a
-	// container's devices on Events(); false: nothing is recorded.
+	// container's devices on Events(), and keep for UndeliveredEvents()
+	// those it had not delivered at Stop; false: nothing is recorded.
 	Events bool
 	// Registerer receives the manager's Prometheus metrics (the kubelet's
 	// kubelet_device_plugin_* and devmgr_*); nil: no metrics are registered.

@@ -281,7 +281,8 @@ func (w watcherHandler) DeRegisterPlugin(_ context.Context, pluginName, endpoint
 }
 
 // healthChecker fails while the registration server of a started manager
-// has failed; before Start and after Stop it passes, as the kubelet's.
+// has failed; before Start and after Stop it passes, as the kubelet's, whose
+// Stop counts a stopped manager as healthy whatever failed before.
 type healthChecker struct{ m *Manager }
 
 func (healthChecker) Name() string { return "device-plugin" }

@@ -19,6 +19,7 @@ import (
 // Manager is what an Admitter needs of the device manager;
 // *devicemanager.ManagerImpl is one.
 type Manager interface {
+	WaitForPlugins(ctx context.Context, pod *v1.Pod, container *v1.Container) error
 	Allocate(ctx context.Context, pod *v1.Pod, container *v1.Container) error
 	GetDeviceRunContainerOptions(ctx context.Context, pod *v1.Pod, container *v1.Container) (*devicemanager.DeviceRunContainerOptions, error)
 	GetDevices(podUID, containerName string) devicemanager.ResourceDeviceInstances
@@ -126,8 +127,10 @@ func (adm *Admitter) endTurn() { <-adm.turn }
 
 // Admit allocates devices to every init container, then every app
 // container of pod, in spec order, and returns what each got. Pods are
-// admitted one at a time: Admit first waits, honouring ctx, for an admission
-// or restore in progress to end. A pod without a UID gets a generated one,
+// admitted one at a time: Admit first waits, honouring ctx, for the plugins
+// of the pod's resources (the manager's WaitForPlugins, so a pod waiting for
+// its plugin holds up no other pod), then for an admission or restore in
+// progress to end. A pod without a UID gets a generated one,
 // and one without a namespace "default"; the caller's pod is not modified.
 // Admitting an admitted pod (same UID) again returns the same answer.
 //
@@ -160,11 +163,22 @@ func (adm *Admitter) Admit(ctx context.Context, pod *v1.Pod) (*Admission, error)
 	}
 	adm.admitting[uid] = pod
 	adm.mu.Unlock()
-
-	if err := adm.waitTurn(ctx); err != nil {
+	forget := func() {
 		adm.mu.Lock()
 		delete(adm.admitting, uid)
 		adm.mu.Unlock()
+	}
+
+	// A pod whose plugin is not back waits for it before its turn, so that
+	// other pods are admitted meanwhile.
+	for _, c := range containersOf(pod) {
+		if err := adm.mgr.WaitForPlugins(ctx, pod, c); err != nil {
+			forget()
+			return nil, &AdmitError{Container: c.Name, Err: err}
+		}
+	}
+	if err := adm.waitTurn(ctx); err != nil {
+		forget()
 		return nil, fmt.Errorf("pod %s waited for another admission: %w", uid, err)
 	}
 	defer adm.endTurn()

@@ -27,6 +27,9 @@ type fakeManager struct {
 	admitter  *Admitter
 }
 
+// WaitForPlugins finds every plugin ready.
+func (f *fakeManager) WaitForPlugins(context.Context, *v1.Pod, *v1.Container) error { return nil }
+
 func (f *fakeManager) Allocate(_ context.Context, pod *v1.Pod, c *v1.Container) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -16,6 +16,8 @@
 //     is given them.
 //   - The manager keeps these reusable devices for one pod, the pod being
 //     admitted. The kubelet admits one pod at a time; so does an Admitter.
+//     A pod whose plugin is not ready yet waits for it (the manager's
+//     Options.PluginWaitTimeout) before its turn, holding up no other pod.
 //
 // Admission is all or nothing: when a container is refused, by the policy or
 // by the manager, what the pod's earlier containers got is released before

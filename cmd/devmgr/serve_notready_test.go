@@ -13,6 +13,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/openkubelet/devmgr/plugintest"
 )
 
 // After a restart, before the plugin is back, serve refuses an admission as
@@ -75,5 +77,69 @@ func TestServeNotReadyAfterRestart(t *testing.T) {
 	require.NoError(t, json.Unmarshal(stdout.Bytes(), &a))
 	assert.Equal(t, "late-2", a.Pod.UID)
 	assert.Len(t, a.Containers[0].Devices[gpu], 1)
+	require.Equal(t, 0, srv.stop(syscall.SIGTERM))
+}
+
+// With --plugin-wait, a pod waiting for its plugin holds up no other pod: a
+// pod for a ready resource is admitted while it waits, and it is admitted
+// once its plugin lists its devices.
+func TestServePodWaitingForItsPluginHoldsUpNoOtherPod(t *testing.T) {
+	dir := shortTempDir(t)
+	ctl := filepath.Join(dir, "ctl.sock")
+	srv := startServe(t, ctl, "--socket-dir", dir, "-v", "3", "--plugin-wait", "1m")
+	gpuPlugin, err := plugintest.New(plugintest.Options{ResourceName: gpu, SocketDir: dir, Devices: gpus(1)})
+	require.NoError(t, err)
+	t.Cleanup(gpuPlugin.Stop)
+	listGPUs := gpuPlugin.Block(plugintest.MethodListAndWatch)
+	t.Cleanup(listGPUs)
+	require.NoError(t, gpuPlugin.Start())
+	require.NoError(t, gpuPlugin.Register(filepath.Join(dir, "kubelet.sock")))
+
+	admitA := exec.Command(binary(t), "admit", "--control-socket", ctl, "-f", "-", "--json", "--timeout", "30s")
+	admitA.Stdin = strings.NewReader(gpuPod("waits", 1))
+	var stdout, stderr bytes.Buffer
+	admitA.Stdout, admitA.Stderr = &stdout, &stderr
+	require.NoError(t, admitA.Start())
+	var waitErr error
+	exited := make(chan struct{}) // closed once admitA is reaped, waitErr set
+	go func() {
+		waitErr = admitA.Wait()
+		close(exited)
+	}()
+	t.Cleanup(func() {
+		_ = admitA.Process.Kill() // fails once it has exited
+		<-exited
+	})
+	srv.waitLog("Waiting for a device plugin")
+
+	nicPlugin, err := plugintest.New(plugintest.Options{ResourceName: "example.com/nic", SocketDir: dir, Devices: gpus(1)})
+	require.NoError(t, err)
+	t.Cleanup(nicPlugin.Stop)
+	require.NoError(t, nicPlugin.Start())
+	require.NoError(t, nicPlugin.Register(filepath.Join(dir, "kubelet.sock")))
+	api := newAPIClient(t, ctl)
+	api.waitStatus("the nic allocatable", func(st statusResponse) bool {
+		r := st.resource("example.com/nic")
+		return r != nil && r.Allocatable == 1
+	})
+	nicPod := `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"other","uid":"other"},
+"spec":{"containers":[{"name":"main","resources":{"limits":{"example.com/nic":"1"}}}]}}`
+	res := run(t, strings.NewReader(nicPod), "admit", "--control-socket", ctl, "-f", "-", "--json", "--timeout", "10s")
+	require.Equal(t, 0, res.code, "the pod for a ready resource is admitted while the other waits: %s", res.stderr)
+	var b admissionResponse
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &b))
+	assert.Equal(t, []string{"gpu-0"}, b.Containers[0].Devices["example.com/nic"])
+	select {
+	case <-exited:
+		require.FailNow(t, "the waiting pod's admission ended before its plugin listed its devices", "%v: %s", waitErr, stderr.String())
+	default:
+	}
+
+	listGPUs()
+	<-exited
+	require.NoError(t, waitErr, "admit: %s", stderr.String())
+	var a admissionResponse
+	require.NoError(t, json.Unmarshal(stdout.Bytes(), &a))
+	assert.Equal(t, []string{"gpu-0"}, a.Containers[0].Devices[gpu])
 	require.Equal(t, 0, srv.stop(syscall.SIGTERM))
 }
