@@ -95,6 +95,8 @@ type Publisher struct {
 	// was wiped: they are held at zero until the manager reports them.
 	zeroed []v1.ResourceName
 	reset  bool
+	// registered: the node was found or created (with RegisterNode).
+	registered bool
 }
 
 // New checks opts and returns a Publisher. It asks the manager whether the
@@ -223,10 +225,11 @@ func (p *Publisher) desired() resources {
 // missing and RegisterNode is set, and, after a wipe, zeroing first the
 // extended resources the node advertised.
 func (p *Publisher) publish(ctx context.Context, r resources) error {
-	if p.opts.RegisterNode {
+	if p.opts.RegisterNode && !p.registered {
 		if err := p.ensureNode(ctx); err != nil {
 			return err
 		}
+		p.registered = true
 	}
 	if p.reset {
 		names, err := p.extendedResources(ctx)
@@ -242,6 +245,7 @@ func (p *Publisher) publish(ctx context.Context, r resources) error {
 	_, err := p.opts.Client.CoreV1().Nodes().ApplyStatus(ctx, ApplyConfiguration(p.opts.NodeName, r.capacity, r.allocatable),
 		metav1.ApplyOptions{FieldManager: p.opts.FieldManager, Force: true})
 	if apierrors.IsNotFound(err) {
+		p.registered = false // deleted: created again at the next attempt
 		return fmt.Errorf("node %s does not exist: %w", p.opts.NodeName, err)
 	}
 	return err
