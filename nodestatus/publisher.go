@@ -9,7 +9,9 @@
 // cpu and memory, resources they advertise) is left alone. Each apply holds
 // every resource the manager reports: a resource it no longer reports (its
 // plugin gone for longer than the grace period) is left out, and the API
-// server removes it, since no other manager owns it.
+// server removes it unless another manager owns it too. It applies with
+// force: the device-plugin resources are its own, even where another writer
+// (a kubelet before it) set them.
 package nodestatus
 
 import (
@@ -171,7 +173,8 @@ func (p *Publisher) Run(ctx context.Context) error {
 			reason = "resync"
 		}
 		if reason != "" && !now.Before(retryAt) {
-			if err := p.publish(ctx, want); err != nil {
+			applied, err := p.publish(ctx, want)
+			if err != nil {
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
@@ -181,11 +184,11 @@ func (p *Publisher) Run(ctx context.Context) error {
 				p.opts.Metrics.observe(resultFailure, time.Time{})
 				p.log.Error(err, "Failed to publish device resources in the node status", "failures", failures, "retryIn", delay)
 			} else {
-				last, published, lastWrite = want, true, now
+				last, published, lastWrite = applied, true, now
 				failures, retryAt = 0, time.Time{}
 				p.opts.Metrics.observe(resultSuccess, now)
 				p.log.Info("Published device resources in the node status", "reason", reason,
-					"capacity", logged(want.capacity), "allocatable", logged(want.allocatable))
+					"capacity", logged(applied.capacity), "allocatable", logged(applied.allocatable))
 			}
 		}
 		select {
@@ -222,19 +225,19 @@ func (p *Publisher) desired() resources {
 }
 
 // publish applies r to the node's status, creating the node first when it is
-// missing and RegisterNode is set, and, after a wipe, zeroing first the
-// extended resources the node advertised.
-func (p *Publisher) publish(ctx context.Context, r resources) error {
+// missing and RegisterNode is set, and returns what it applied: after a
+// wipe, r with the extended resources the node advertised at zero.
+func (p *Publisher) publish(ctx context.Context, r resources) (resources, error) {
 	if p.opts.RegisterNode && !p.registered {
 		if err := p.ensureNode(ctx); err != nil {
-			return err
+			return r, err
 		}
 		p.registered = true
 	}
 	if p.reset {
 		names, err := p.extendedResources(ctx)
 		if err != nil {
-			return err
+			return r, err
 		}
 		p.zeroed, p.reset = names, false
 		if len(names) > 0 {
@@ -246,9 +249,9 @@ func (p *Publisher) publish(ctx context.Context, r resources) error {
 		metav1.ApplyOptions{FieldManager: p.opts.FieldManager, Force: true})
 	if apierrors.IsNotFound(err) {
 		p.registered = false // deleted: created again at the next attempt
-		return fmt.Errorf("node %s does not exist: %w", p.opts.NodeName, err)
+		return r, fmt.Errorf("node %s does not exist: %w", p.opts.NodeName, err)
 	}
-	return err
+	return r, err
 }
 
 // ensureNode creates the node unless it exists.

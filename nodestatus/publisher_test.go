@@ -378,6 +378,8 @@ func TestAWipedNodeHasItsExtendedResourcesZeroedUntilReported(t *testing.T) {
 	n := h.node()
 	require.Equal(t, map[v1.ResourceName]int64{v1.ResourceCPU: 4, "example.com/gpu": 1, "example.com/fpga": 0}, counts(n.Status.Capacity))
 	require.Equal(t, map[v1.ResourceName]int64{v1.ResourceCPU: 4, "example.com/gpu": 1, "example.com/fpga": 0}, counts(n.Status.Allocatable))
+	h.next()
+	require.Equal(t, 1, h.applies(), "what was written holds the zeroed resources: nothing changed since")
 
 	mgr.set("example.com/fpga", 2, 1)
 	h.next()
