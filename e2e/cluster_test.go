@@ -203,6 +203,10 @@ type cluster struct {
 	kubeconfig string
 	client     kubernetes.Interface
 	scheduler  *process
+	// The API server, its URL and its arguments, to start it again.
+	apiserver     *process
+	server        string
+	apiserverArgs []string
 }
 
 const token = "e2e-admin-token"
@@ -226,15 +230,14 @@ func startCluster(t *testing.T, dir string) *cluster {
 	tokens := filepath.Join(dir, "tokens.csv")
 	writeFile(t, tokens, token+`,admin,admin-uid,"system:masters"`+"\n")
 	apiPort := freePort(t)
-	apiserver := start(t, dir, "kube-apiserver", apiserverBin,
-		"--etcd-servers", etcdURL, "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+	c.apiserverArgs = []string{"--etcd-servers", etcdURL, "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
 		"--secure-port", fmt.Sprint(apiPort), "--cert-dir", filepath.Join(dir, "apiserver-certs"),
 		"--token-auth-file", tokens, "--authorization-mode", "AlwaysAllow",
 		"--service-account-issuer", "https://kubernetes.default.svc", "--service-account-key-file", pub,
 		"--service-account-signing-key-file", priv, "--service-cluster-ip-range", "10.96.0.0/24",
-		"--endpoint-reconciler-type", "none")
-	server := fmt.Sprintf("https://127.0.0.1:%d", apiPort)
-	waitHTTP(t, apiserver, server+"/readyz", token)
+		"--endpoint-reconciler-type", "none"}
+	c.server = fmt.Sprintf("https://127.0.0.1:%d", apiPort)
+	c.startAPIServer(t, "kube-apiserver")
 
 	c.kubeconfig = filepath.Join(dir, "kubeconfig")
 	writeFile(t, c.kubeconfig, fmt.Sprintf(`apiVersion: v1
@@ -243,7 +246,7 @@ clusters: [{name: e2e, cluster: {server: %q, insecure-skip-tls-verify: true}}]
 users: [{name: admin, user: {token: %q}}]
 contexts: [{name: e2e, context: {cluster: e2e, user: admin}}]
 current-context: e2e
-`, server, token))
+`, c.server, token))
 	rc, err := clientcmd.BuildConfigFromFlags("", c.kubeconfig)
 	if err != nil {
 		t.Fatal(err)
@@ -256,6 +259,15 @@ current-context: e2e
 		"--leader-elect=false", "--bind-address", "127.0.0.1", "--secure-port", fmt.Sprint(freePort(t)),
 		"--cert-dir", filepath.Join(dir, "scheduler-certs"))
 	return c
+}
+
+// startAPIServer starts the API server, its output in name.log, and waits
+// until it is ready. The API server keeps its port and its etcd across
+// restarts.
+func (c *cluster) startAPIServer(t *testing.T, name string) {
+	t.Helper()
+	c.apiserver = start(t, c.dir, name, apiserverBin, c.apiserverArgs...)
+	waitHTTP(t, c.apiserver, c.server+"/readyz", token)
 }
 
 // waitHTTP waits up to a minute for url to answer 200 (with a bearer

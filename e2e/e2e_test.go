@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -23,6 +24,7 @@ import (
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/openkubelet/devmgr/nodestatus"
 	"github.com/openkubelet/devmgr/plugintest"
 )
 
@@ -146,9 +148,24 @@ func TestDevmgrPublishesDevicesTheSchedulerUses(t *testing.T) {
 	if want := "capacity:[example.com/gpu] allocatable:[example.com/gpu]"; owned != want {
 		t.Fatalf("devmgr owns %q of the status, want %q", owned, want)
 	}
-	publishes := publishCount(t, devmgr)
-	t.Logf("FIGURE other writer: %s=7/7, cpu=8 and Ready=True of field manager %s intact after %s devmgr publishes; devmgr owns only %s",
-		nic, agent, publishes, owned)
+	count := publishes(t, devmgr)
+	t.Logf("FIGURE other writer: %s=7/7, cpu=8 and Ready=True of field manager %s intact after %d devmgr publishes (%d failed); devmgr owns only %s",
+		nic, agent, count.ok, count.failed, owned)
+
+	// 6. An API server outage: the publisher fails, backs off, and
+	// publishes what changed meanwhile once the API server is back.
+	before := publishes(t, devmgr)
+	c.apiserver.stop()
+	devs[0].Health = pluginapi.Unhealthy
+	gpus.Update(devs)
+	poll(t, ctx, devmgr, "a failed publish", 30*time.Second, func() bool { return publishes(t, devmgr).failed > before.failed })
+	restart := time.Now()
+	c.startAPIServer(t, "kube-apiserver-restarted")
+	back := time.Now()
+	took = waitNode(t, ctx, c, devmgr, "gpu 4/3 after the outage", nodestatus.DefaultMaxBackoff+publishBound, func(n *v1.Node) bool { return has(n, gpu, 4, 3) })
+	after := publishes(t, devmgr)
+	t.Logf("FIGURE API server outage: %d failed publishes while it was down (restart took %s); %s allocatable 4 -> 3 in the node status %s after it was ready again (bound: the %s backoff cap + %s)",
+		after.failed-before.failed, back.Sub(restart).Round(time.Millisecond), gpu, took, nodestatus.DefaultMaxBackoff, publishBound)
 
 	if code := devmgr.stop(); code != 0 {
 		t.Fatalf("devmgr serve exited %d on SIGTERM", code)
@@ -318,8 +335,10 @@ func keysUnder(raw, field string) []string {
 	return out
 }
 
-// publishCount reads devmgr's successful publishes from its /metrics.
-func publishCount(t *testing.T, p *process) string {
+// publishCounts are devmgr's publishes by result, from its /metrics.
+type publishCounts struct{ ok, failed int }
+
+func publishes(t *testing.T, p *process) publishCounts {
 	t.Helper()
 	m := regexp.MustCompile(`"Serving metrics" address="([^"]+)"`).FindStringSubmatch(p.output())
 	if m == nil {
@@ -334,11 +353,16 @@ func publishCount(t *testing.T, p *process) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	body := string(b)
-	ok := regexp.MustCompile(`devmgr_node_status_publishes_total\{result="success"\} (\d+)`).FindStringSubmatch(body)
-	failed := regexp.MustCompile(`devmgr_node_status_publishes_total\{result="failure"\} (\d+)`).FindStringSubmatch(body)
-	if ok == nil || failed == nil {
-		t.Fatalf("no publish counts on devmgr's /metrics:\n%s", body)
+	count := func(result string) int {
+		m := regexp.MustCompile(`devmgr_node_status_publishes_total\{result="` + result + `"\} (\d+)`).FindSubmatch(b)
+		if m == nil {
+			t.Fatalf("no %s publish count on devmgr's /metrics:\n%s", result, b)
+		}
+		n, err := strconv.Atoi(string(m[1]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
 	}
-	return fmt.Sprintf("%s (failed: %s)", ok[1], failed[1])
+	return publishCounts{ok: count("success"), failed: count("failure")}
 }
