@@ -14,7 +14,7 @@ BENCH           ?= .
 BENCHRUNS       ?= 5
 PKGS            ?= ./...
 
-.PHONY: all test vet lint fmt fmt-write tidy bench bench-compare bench-check compat fuzz verify interop reliability tools clean
+.PHONY: all test vet lint fmt fmt-write tidy bench bench-compare bench-check compat e2e fuzz verify interop reliability tools clean
 
 all: verify test
 
@@ -71,6 +71,18 @@ bench-check:
 ## saying why.
 compat:
 	cd kubeletcompat && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) test -count=1 ./...
+
+## e2e: e2e/ (a module of its own, so the library never depends on
+## k8s.io/kubernetes) is tidy, passes go vet, and its test runs devmgr serve
+## --kubeconfig against a real etcd, kube-apiserver and kube-scheduler on
+## loopback, logging each figure it checks (FIGURE lines). The components
+## build once into .cache/e2e/bin, under their versions' names
+## (kube-apiserver and kube-scheduler from k8s.io/kubernetes, pinned in
+## e2e/go.mod; etcd from e2e/etcd, a module of its own); the log says how long
+## each build took. Needs no root.
+e2e:
+	cd e2e && $(GO) mod tidy -diff && (cd etcd && $(GO) mod tidy -diff) && $(GO) vet ./... && \
+		$(GO) test -count=1 -v -timeout 30m ./...
 
 ## fuzz: every fuzz target for FUZZTIME each (.ci/fuzz-target runs one).
 fuzz:

@@ -35,6 +35,7 @@ type serveOptions struct {
 	stopGracePeriod time.Duration
 	pluginWait      time.Duration
 	extraOptions
+	nodeOptions
 }
 
 func newServeCmd() *cobra.Command {
@@ -55,6 +56,12 @@ control socket is removed too. Allocations survive a restart on the same directo
 checkpoint keeps the devices and .devmgr-serve-pods.json, next to it, keeps
 the admitted pods.
 
+With --kubeconfig and --node-name, serve also publishes the device resources
+in that Node's status (capacity and allocatable, by server-side apply, as a
+kubelet does), so that the scheduler places pods asking for them: the device
+side of a node that has no kubelet. --register-node creates the Node if
+missing. Other fields of the node's status are left to their writers.
+
 serve logs every registration, device update and capacity change, and runs
 until SIGINT or SIGTERM; then it removes its own sockets (never the plugins')
 and exits 0.
@@ -69,6 +76,10 @@ user running serve can use the control socket (mode 0600).`,
   # Two NUMA nodes, JSON logs with the manager's registration details.
   devmgr serve --socket-dir /tmp/dp --control-socket /tmp/dp-ctl.sock \
       --numa-nodes 0,1 --log-format json -v 2
+
+  # The device side of node edge-1: its devices in the Node's status.
+  devmgr serve --socket-dir /tmp/dp --control-socket /tmp/dp-ctl.sock \
+      --kubeconfig edge-1.kubeconfig --node-name edge-1 --register-node
 
   # Then, in another shell:
   devmgr admit --control-socket /tmp/dp-ctl.sock -f pod.yaml
@@ -91,7 +102,8 @@ user running serve can use the control socket (mode 0600).`,
 	f.StringSliceVar(&o.requirePlugin, "require-plugin", nil, "resource names, or domain/*, that only a device plugin serves: admission fails while no plugin registered them (default: such resources are ignored, as by the kubelet)")
 	f.DurationVar(&o.stopGracePeriod, "stop-grace-period", devicemanager.DefaultStopGracePeriod, "how long a resource stays known after its plugin is gone")
 	f.DurationVar(&o.pluginWait, "plugin-wait", 0, "how long an admission waits for a resource's plugin that is known but not ready (after a restart, until it registers again and lists its devices) before it is refused with 503 PluginNotReady; keep it below the clients' --timeout (default: refuse at once)")
-	o.addFlags(f)
+	o.extraOptions.addFlags(f)
+	o.nodeOptions.addFlags(f)
 	if err := cmd.MarkFlagRequired("socket-dir"); err != nil {
 		panic(err) // a flag defined above
 	}
@@ -108,6 +120,7 @@ type serveConfig struct {
 	stopGracePeriod time.Duration
 	pluginWait      time.Duration
 	extraConfig
+	nodeConfig
 }
 
 // config checks the options and fills in defaults: absolute paths, the
@@ -156,6 +169,9 @@ func (o *serveOptions) config(sysRoot string) (serveConfig, error) {
 	cfg.pluginWait = o.pluginWait
 	cfg.requirePlugin = o.requirePlugin
 	if cfg.extraConfig, err = o.extraOptions.config(cfg); err != nil {
+		return cfg, err
+	}
+	if cfg.nodeConfig, err = o.nodeOptions.config(); err != nil {
 		return cfg, err
 	}
 	return cfg, nil

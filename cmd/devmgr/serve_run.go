@@ -35,7 +35,8 @@ const (
 )
 
 // server is a running "devmgr serve": the device manager, the node of pods
-// admitted through the control socket, the control API and the watch loop.
+// admitted through the control socket, the control API, the watch loop and,
+// with --kubeconfig, the node status publisher.
 type server struct {
 	log  klog.Logger
 	mgr  *devicemanager.ManagerImpl
@@ -45,8 +46,8 @@ type server struct {
 	extras *extras
 	// failed receives the control API's error if it stops serving on its own.
 	failed chan error
-	// cancel ends the watch loop and every control request; wg waits for
-	// the goroutines the server started.
+	// cancel ends the watch loop, the publisher and every control
+	// request; wg waits for the goroutines the server started.
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
@@ -85,6 +86,11 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("device manager: %w", err)
+	}
+	pub, err := newPublisher(cfg, mgr, logger)
+	if err != nil {
+		mgr.Stop()
+		return nil, err
 	}
 	adm := podadmit.New(mgr)
 	if cfg.store != nil {
@@ -167,6 +173,14 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 		defer s.wg.Done()
 		w.run(base, watchInterval)
 	}()
+	if pub != nil {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			_ = pub.Run(base) // returns when shutdown cancels base
+		}()
+		logger.Info("Publishing device resources in the node status", "node", cfg.nodeName, "registerNode", cfg.registerNode)
+	}
 	logger.Info("Serving", "socketPath", filepath.Join(cfg.socketDir, devicemanager.KubeletSocketName), "controlSocket", cfg.controlSocket,
 		"checkpointDir", cfg.checkpointDir, "numaNodes", cfg.numaNodes, "topologyPolicy", cfg.policy.Name())
 	return s, nil
@@ -174,8 +188,8 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 
 // shutdown removes the control socket if it is still the one the server
 // created, lets control requests finish (cancelling them if they take too
-// long), and stops the watch loop and the manager. The manager removes
-// kubelet.sock; plugins' sockets are left alone.
+// long), and stops the watch loop, the publisher and the manager. The
+// manager removes kubelet.sock; plugins' sockets are left alone.
 func (s *server) shutdown() error {
 	// Removed while the listener still holds the file, so that its inode
 	// cannot have been reused by another's socket.

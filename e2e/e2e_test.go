@@ -1,0 +1,368 @@
+// Package e2e checks devmgr serve against a real API server, scheduler and
+// etcd: the devices it publishes in a Node's status are what the scheduler
+// places pods by. Each check logs the figure it measured.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/openkubelet/devmgr/nodestatus"
+	"github.com/openkubelet/devmgr/plugintest"
+)
+
+const (
+	nodeName    = "e2e-node"
+	gpu         = "example.com/gpu"
+	fpga        = "example.com/fpga"
+	nic         = "example.com/nic" // advertised by another agent
+	agent       = "e2e-node-agent"  // that agent's field manager
+	gracePeriod = 5 * time.Second   // devmgr serve --stop-grace-period
+	// publishBound is how soon a change must reach the node status:
+	// devmgr reads the manager every second.
+	publishBound = 5 * time.Second
+)
+
+func TestDevmgrPublishesDevicesTheSchedulerUses(t *testing.T) {
+	binaries(t)
+	dir, err := os.MkdirTemp("", "e2e")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	c := startCluster(t, dir)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+
+	sockDir := filepath.Join(dir, "dp")
+	serveStart := time.Now()
+	devmgr := start(t, dir, "devmgr", devmgrBin, "serve", "--socket-dir", sockDir, "--control-socket", filepath.Join(dir, "ctl.sock"),
+		"--numa-nodes", "0", "--stop-grace-period", gracePeriod.String(), "--metrics-address", "127.0.0.1:0",
+		"--kubeconfig", c.kubeconfig, "--node-name", nodeName, "--register-node")
+	poll(t, ctx, devmgr, "kubelet.sock", 30*time.Second, func() bool { return exists(filepath.Join(sockDir, "kubelet.sock")) })
+
+	gpus := plugin(t, sockDir, gpu, 4)
+	fpgas := plugin(t, sockDir, fpga, 2)
+
+	// 1. Capacity appears.
+	took := waitNode(t, ctx, c, devmgr, "gpu 4/4 and fpga 2/2", time.Minute, func(n *v1.Node) bool {
+		return has(n, gpu, 4, 4) && has(n, fpga, 2, 2)
+	})
+	t.Logf("FIGURE capacity appeared: %s=4/4 %s=2/2 (capacity/allocatable) %s after devmgr serve started (registration included: %s after the plugins)",
+		gpu, fpga, time.Since(serveStart).Round(time.Millisecond), took)
+
+	// The rest of the node agent: Ready, cpu, memory, pods and a resource
+	// of its own, under its own field manager; no taints.
+	becomeReadyNode(t, ctx, c)
+
+	// 2. A device turning unhealthy lowers allocatable.
+	devs := devices("gpu", 4)
+	devs[3].Health = pluginapi.Unhealthy
+	gpus.Update(devs)
+	took = waitNode(t, ctx, c, devmgr, "gpu 4/3", publishBound, func(n *v1.Node) bool { return has(n, gpu, 4, 3) })
+	t.Logf("FIGURE unhealthy device: %s allocatable 4 -> 3 in the node status %s after the plugin reported it (bound %s)", gpu, took, publishBound)
+
+	// 3. A plugin gone: allocatable 0 for the grace period, then removed.
+	stopped := time.Now()
+	fpgas.Stop()
+	took = waitNode(t, ctx, c, devmgr, "fpga 2/0", publishBound, func(n *v1.Node) bool { return has(n, fpga, 2, 0) })
+	t.Logf("FIGURE plugin stopped: %s allocatable 2 -> 0 after %s", fpga, took)
+	waitNode(t, ctx, c, devmgr, "fpga removed", gracePeriod+publishBound+2*time.Second, func(n *v1.Node) bool {
+		_, inCapacity := n.Status.Capacity[fpga]
+		_, inAllocatable := n.Status.Allocatable[fpga]
+		return !inCapacity && !inAllocatable
+	})
+	gone := time.Since(stopped)
+	if gone < gracePeriod {
+		t.Fatalf("%s removed %s after its plugin stopped, before the grace period %s", fpga, gone, gracePeriod)
+	}
+	t.Logf("FIGURE plugin gone: %s removed from the node status %s after its plugin stopped (grace period %s)", fpga, gone.Round(time.Millisecond), gracePeriod)
+
+	// 4. The scheduler binds pods while allocatable allows (3), no more.
+	createDefaultServiceAccount(t, ctx, c)
+	schedStart := time.Now()
+	for i := range 4 {
+		createGPUPod(t, ctx, c, fmt.Sprintf("gpu-%d", i))
+	}
+	var bound, pending []string
+	var reason string
+	poll(t, ctx, c.scheduler, "3 pods bound and 1 unschedulable", time.Minute, func() bool {
+		pods, err := c.client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		bound, pending, reason = nil, nil, ""
+		for _, p := range pods.Items {
+			if p.Spec.NodeName == nodeName {
+				bound = append(bound, p.Name)
+				continue
+			}
+			for _, cond := range p.Status.Conditions {
+				if cond.Type == v1.PodScheduled && cond.Status == v1.ConditionFalse && cond.Reason == v1.PodReasonUnschedulable {
+					pending, reason = append(pending, p.Name), cond.Message
+				}
+			}
+		}
+		return len(bound) == 3 && len(pending) == 1
+	})
+	if !strings.Contains(reason, "Insufficient "+gpu) {
+		t.Fatalf("pod %s is unschedulable for another reason: %q", pending[0], reason)
+	}
+	t.Logf("FIGURE scheduler: bound %v to %s, left %s Pending within %s: %q", bound, nodeName, pending[0],
+		time.Since(schedStart).Round(time.Millisecond), reason)
+
+	// The device healthy again: allocatable 4, and the scheduler binds the
+	// pod it left Pending.
+	devs[3].Health = pluginapi.Healthy
+	gpus.Update(devs)
+	healed := time.Now()
+	poll(t, ctx, c.scheduler, pending[0]+" bound", time.Minute, func() bool {
+		p, err := c.client.CoreV1().Pods("default").Get(ctx, pending[0], metav1.GetOptions{})
+		return err == nil && p.Spec.NodeName == nodeName
+	})
+	t.Logf("FIGURE device healthy again: %s allocatable 3 -> 4, %s bound %s later", gpu, pending[0], time.Since(healed).Round(time.Millisecond))
+
+	// 5. What the other agent wrote survived every publish of devmgr.
+	n := node(t, ctx, c)
+	if !has(n, nic, 7, 7) || n.Status.Capacity.Cpu().Value() != 8 || !ready(n) {
+		t.Fatalf("the other agent's fields did not survive: capacity %v allocatable %v conditions %v", n.Status.Capacity, n.Status.Allocatable, n.Status.Conditions)
+	}
+	owned := ownedResources(t, n, "devmgr")
+	if want := "capacity:[example.com/gpu] allocatable:[example.com/gpu]"; owned != want {
+		t.Fatalf("devmgr owns %q of the status, want %q", owned, want)
+	}
+	count := publishes(t, devmgr)
+	t.Logf("FIGURE other writer: %s=7/7, cpu=8 and Ready=True of field manager %s intact after %d devmgr publishes (%d failed); devmgr owns only %s",
+		nic, agent, count.ok, count.failed, owned)
+
+	// 6. An API server outage: the publisher fails, backs off, and
+	// publishes what changed meanwhile once the API server is back.
+	before := publishes(t, devmgr)
+	c.apiserver.stop()
+	devs[0].Health = pluginapi.Unhealthy
+	gpus.Update(devs)
+	poll(t, ctx, devmgr, "a failed publish", 30*time.Second, func() bool { return publishes(t, devmgr).failed > before.failed })
+	restart := time.Now()
+	c.startAPIServer(t, "kube-apiserver-restarted")
+	back := time.Now()
+	took = waitNode(t, ctx, c, devmgr, "gpu 4/3 after the outage", nodestatus.DefaultMaxBackoff+publishBound, func(n *v1.Node) bool { return has(n, gpu, 4, 3) })
+	after := publishes(t, devmgr)
+	t.Logf("FIGURE API server outage: %d failed publishes while it was down (restart took %s); %s allocatable 4 -> 3 in the node status %s after it was ready again (bound: the %s backoff cap + %s)",
+		after.failed-before.failed, back.Sub(restart).Round(time.Millisecond), gpu, took, nodestatus.DefaultMaxBackoff, publishBound)
+
+	if code := devmgr.stop(); code != 0 {
+		t.Fatalf("devmgr serve exited %d on SIGTERM", code)
+	}
+	t.Logf("FIGURE shutdown: devmgr serve exited 0 on SIGTERM")
+}
+
+func plugin(t *testing.T, dir, name string, n int) *plugintest.Plugin {
+	t.Helper()
+	p, err := plugintest.New(plugintest.Options{ResourceName: name, SocketDir: dir, Devices: devices(strings.TrimPrefix(name, "example.com/"), n)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Stop)
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Register(filepath.Join(dir, "kubelet.sock")); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func devices(prefix string, n int) []*pluginapi.Device {
+	out := make([]*pluginapi.Device, n)
+	for i := range out {
+		out[i] = &pluginapi.Device{ID: fmt.Sprintf("%s-%d", prefix, i), Health: pluginapi.Healthy}
+	}
+	return out
+}
+
+// becomeReadyNode plays the rest of a node agent: it applies a Ready
+// condition and the node's cpu, memory, pods and one extended resource of
+// its own, and removes the not-ready taint the API server puts on a new
+// node (no controller manager runs to remove it).
+func becomeReadyNode(t *testing.T, ctx context.Context, c *cluster) {
+	t.Helper()
+	res := v1.ResourceList{v1.ResourceCPU: resource.MustParse("8"), v1.ResourceMemory: resource.MustParse("16Gi"),
+		v1.ResourcePods: resource.MustParse("110"), nic: resource.MustParse("7")}
+	now := metav1.Now()
+	status := corev1ac.Node(nodeName).WithStatus(corev1ac.NodeStatus().WithCapacity(res).WithAllocatable(res).
+		WithConditions(corev1ac.NodeCondition().WithType(v1.NodeReady).WithStatus(v1.ConditionTrue).
+			WithReason("AgentReady").WithLastHeartbeatTime(now).WithLastTransitionTime(now)))
+	if _, err := c.client.CoreV1().Nodes().ApplyStatus(ctx, status, metav1.ApplyOptions{FieldManager: agent, Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.client.CoreV1().Nodes().Patch(ctx, nodeName, types.MergePatchType, []byte(`{"spec":{"taints":null}}`),
+		metav1.PatchOptions{FieldManager: agent}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func createDefaultServiceAccount(t *testing.T, ctx context.Context, c *cluster) {
+	t.Helper()
+	// No controller manager creates it; the API server's admission wants it.
+	sa := &v1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: "default"}}
+	if _, err := c.client.CoreV1().ServiceAccounts("default").Create(ctx, sa, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func createGPUPod(t *testing.T, ctx context.Context, c *cluster, name string) {
+	t.Helper()
+	one := v1.ResourceList{gpu: resource.MustParse("1")}
+	pod := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: v1.PodSpec{
+			AutomountServiceAccountToken: new(false),
+			Containers: []v1.Container{{Name: "main", Image: "example.invalid/job",
+				Resources: v1.ResourceRequirements{Limits: one, Requests: one}}},
+		},
+	}
+	if _, err := c.client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func node(t *testing.T, ctx context.Context, c *cluster) *v1.Node {
+	t.Helper()
+	n, err := c.client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// has reports whether the node advertises capacity and allocatable of name.
+func has(n *v1.Node, name v1.ResourceName, capacity, allocatable int64) bool {
+	c, okC := n.Status.Capacity[name]
+	a, okA := n.Status.Allocatable[name]
+	return okC && okA && c.Value() == capacity && a.Value() == allocatable
+}
+
+func ready(n *v1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == v1.NodeReady {
+			return c.Status == v1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// waitNode waits up to limit for the node to satisfy cond and returns how
+// long that took.
+func waitNode(t *testing.T, ctx context.Context, c *cluster, p *process, what string, limit time.Duration, cond func(*v1.Node) bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	poll(t, ctx, p, what, limit, func() bool {
+		n, err := c.client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+		return err == nil && cond(n)
+	})
+	return time.Since(start).Round(time.Millisecond)
+}
+
+// poll checks cond every 100ms until it holds, failing after limit or as
+// soon as p exits.
+func poll(t *testing.T, ctx context.Context, p *process, what string, limit time.Duration, cond func() bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
+		select {
+		case <-p.exited:
+			return false, fmt.Errorf("%s exited (%s)", p.name, p.cmd.ProcessState)
+		default:
+		}
+		return cond(), nil
+	})
+	if err != nil {
+		t.Fatalf("waiting %s for %s: %v", limit, what, err)
+	}
+}
+
+func exists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
+}
+
+// ownedResources summarizes which status resources the field manager owns.
+func ownedResources(t *testing.T, n *v1.Node, manager string) string {
+	t.Helper()
+	var capacity, allocatable []string
+	for _, mf := range n.ManagedFields {
+		if mf.Manager != manager || mf.Subresource != "status" || mf.FieldsV1 == nil {
+			continue
+		}
+		raw := mf.FieldsV1.GetRawString()
+		capacity = append(capacity, keysUnder(raw, "f:capacity")...)
+		allocatable = append(allocatable, keysUnder(raw, "f:allocatable")...)
+	}
+	return fmt.Sprintf("capacity:%v allocatable:%v", capacity, allocatable)
+}
+
+// keysUnder returns the "f:NAME" keys of the object at field in the JSON of
+// managed fields.
+func keysUnder(raw, field string) []string {
+	i := strings.Index(raw, `"`+field+`":{`)
+	if i < 0 {
+		return nil
+	}
+	rest := raw[i+len(field)+4:]
+	end := strings.Index(rest, "}")
+	var out []string
+	for _, m := range regexp.MustCompile(`"f:([^"]+)":\{\}`).FindAllStringSubmatch(rest[:end+1], -1) {
+		out = append(out, m[1])
+	}
+	return out
+}
+
+// publishCounts are devmgr's publishes by result, from its /metrics.
+type publishCounts struct{ ok, failed int }
+
+func publishes(t *testing.T, p *process) publishCounts {
+	t.Helper()
+	m := regexp.MustCompile(`"Serving metrics" address="([^"]+)"`).FindStringSubmatch(p.output())
+	if m == nil {
+		t.Fatal("devmgr did not log its metrics address")
+	}
+	resp, err := http.Get("http://" + m[1] + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := func(result string) int {
+		m := regexp.MustCompile(`devmgr_node_status_publishes_total\{result="` + result + `"\} (\d+)`).FindSubmatch(b)
+		if m == nil {
+			t.Fatalf("no %s publish count on devmgr's /metrics:\n%s", result, b)
+		}
+		n, err := strconv.Atoi(string(m[1]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	return publishCounts{ok: count("success"), failed: count("failure")}
+}
