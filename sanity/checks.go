@@ -2,10 +2,12 @@ package sanity
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -80,13 +82,24 @@ func options(o *pluginapi.DevicePluginOptions) string {
 }
 
 func checkFirstList(s *suite, c *C) {
+	s.firstList(c)
+	s.healthy(c)
+}
+
+// firstList waits up to ListTimeout for a first ListAndWatch message and
+// returns every message received, or ends the check.
+func (s *suite) firstList(c *C) []*pluginapi.ListAndWatchResponse {
 	s.client(c)
 	ctx, cancel := context.WithTimeout(c.ctx, s.cfg.ListTimeout)
 	defer cancel()
-	if _, err := s.watch.wait(ctx, func(m []*pluginapi.ListAndWatchResponse) bool { return len(m) > 0 }); err != nil {
-		c.fatalf("first list in time", "no ListAndWatch message within %v: %v", s.cfg.ListTimeout, err)
+	msgs, err := s.watch.wait(ctx, func(m []*pluginapi.ListAndWatchResponse) bool { return len(m) > 0 })
+	switch {
+	case errors.Is(err, errTimedOut):
+		c.fatalf("first list in time", "no ListAndWatch message within %v", s.cfg.ListTimeout)
+	case err != nil:
+		c.fatalf("first list in time", "%v, before the first list", err)
 	}
-	s.healthy(c)
+	return msgs
 }
 
 // listRule checks every list received so far against one of the rules of
@@ -94,9 +107,7 @@ func checkFirstList(s *suite, c *C) {
 func listRule(which int) func(*suite, *C) {
 	rules := []string{"unique, non-empty device IDs", "health Healthy or Unhealthy", "topology names NUMA nodes of this machine"}
 	return func(s *suite, c *C) {
-		s.healthy(c)
-		msgs, _ := s.watch.wait(c.ctx, func([]*pluginapi.ListAndWatchResponse) bool { return true })
-		for i, m := range msgs {
+		for i, m := range s.firstList(c) {
 			ids, health, topology := listViolations(i, m, s.cfg.NUMANodes)
 			for _, v := range [][]string{ids, health, topology}[which] {
 				c.violatef(rules[which], "%s", v)
@@ -116,13 +127,18 @@ func checkUpdate(s *suite, c *C) {
 	}
 	ctx, cancel := context.WithTimeout(c.ctx, s.cfg.ListTimeout)
 	defer cancel()
-	if _, err := s.watch.wait(ctx, func(m []*pluginapi.ListAndWatchResponse) bool { return len(m) > len(before) }); err != nil {
-		c.fatalf("new list after a change", "no ListAndWatch message within %v of TriggerUpdate: %v", s.cfg.ListTimeout, err)
+	_, err := s.watch.wait(ctx, func(m []*pluginapi.ListAndWatchResponse) bool { return len(m) > len(before) })
+	switch {
+	case errors.Is(err, errTimedOut):
+		c.fatalf("new list after a change", "no ListAndWatch message within %v of TriggerUpdate", s.cfg.ListTimeout)
+	case err != nil:
+		c.fatalf("new list after a change", "%v, after TriggerUpdate", err)
 	}
 }
 
 // preferred asks for a preferred allocation of two of the healthy devices
-// (one if there is only one), the first of them required, and returns the
+// (one if there is only one, or if Config.MaxDevicesPerContainer is 1), the
+// first of them required, and returns the
 // request and the IDs answered; it ends the check if the plugin does not
 // advertise the call or does not answer it with one container response.
 func preferred(s *suite, c *C) (*pluginapi.ContainerPreferredAllocationRequest, []string) {
@@ -134,7 +150,7 @@ func preferred(s *suite, c *C) (*pluginapi.ContainerPreferredAllocationRequest, 
 	req := &pluginapi.ContainerPreferredAllocationRequest{
 		AvailableDeviceIDs:   ids,
 		MustIncludeDeviceIDs: ids[:1],
-		AllocationSize:       int32(min(2, len(ids))),
+		AllocationSize:       int32(min(2, len(ids), s.cfg.MaxDevicesPerContainer)),
 	}
 	ctx, cancel := context.WithTimeout(c.ctx, s.cfg.CallTimeout)
 	defer cancel()
@@ -202,12 +218,12 @@ func checkAllocateResponses(s *suite, c *C) {
 	}
 }
 
-// allocateRule allocates up to two healthy devices and checks the response
-// against one rule.
+// allocateRule allocates one healthy device (any plugin takes one per
+// container) and checks the response against one rule.
 func allocateRule(r responseRule) func(*suite, *C) {
 	return func(s *suite, c *C) {
 		ids := s.healthy(c)
-		resp := allocate(s, c, ids[:min(2, len(ids))])
+		resp := allocate(s, c, ids[:1])
 		for _, car := range resp.GetContainerResponses() {
 			for _, v := range r.check(car) {
 				c.violatef(r.name, "%s", v)
@@ -239,7 +255,7 @@ func checkPreStart(s *suite, c *C) {
 		c.skipf("the plugin does not advertise PreStartRequired")
 	}
 	ids := s.healthy(c)
-	ctx, cancel := context.WithTimeout(c.ctx, s.cfg.CallTimeout)
+	ctx, cancel := context.WithTimeout(c.ctx, s.cfg.PreStartTimeout)
 	defer cancel()
 	if _, err := client.PreStartContainer(ctx, &pluginapi.PreStartContainerRequest{DevicesIds: ids[:1]}); err != nil {
 		c.violatef("answers PreStartContainer", "PreStartContainer of %q: %v", ids[:1], err)
@@ -250,12 +266,13 @@ func checkConcurrentAllocate(s *suite, c *C) {
 	ids := s.healthy(c)
 	client := s.client(c)
 	problems := make([][]string, s.cfg.Parallel)
+	// One deadline for all: a plugin may answer one call at a time.
+	ctx, cancel := context.WithTimeout(c.ctx, s.cfg.CallTimeout*time.Duration(s.cfg.Parallel))
+	defer cancel()
 	var wg sync.WaitGroup
 	for i := range s.cfg.Parallel {
 		wg.Go(func() {
 			id := ids[i%len(ids)]
-			ctx, cancel := context.WithTimeout(c.ctx, s.cfg.CallTimeout)
-			defer cancel()
 			resp, err := client.Allocate(ctx, &pluginapi.AllocateRequest{
 				ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{id}}},
 			})
@@ -286,8 +303,10 @@ func checkConcurrentAllocate(s *suite, c *C) {
 func checkReregister(s *suite, c *C) {
 	before := s.healthy(c)
 	name := s.reg.req.GetResourceName()
-	n, _ := s.k.received()
 	s.k.stop()
+	s.watch.stop()
+	s.k.disconnect() // the plugin's streams end, as when a kubelet exits
+	n, _ := s.k.received()
 	if err := s.k.start(); err != nil {
 		c.fatalf("kubelet restart", "the suite could not serve kubelet.sock again: %v", err)
 	}
@@ -300,7 +319,6 @@ func checkReregister(s *suite, c *C) {
 	if r.conn == nil {
 		c.fatalf("registers again after the kubelet restarts", "the new registration failed: %v", r.err)
 	}
-	s.watch.stop()
 	s.reg, s.watch = r, newWatch(r)
 	after := s.healthy(c)
 	if !slices.Equal(before, after) {

@@ -26,13 +26,20 @@
 //	allocate/unknown-device          a device the plugin never listed is refused
 //	pre-start/answered               PreStartContainer answers (skipped when not advertised)
 //	concurrency/allocate             Config.Parallel concurrent Allocate calls all answered, correctly
-//	restart/re-register              after the kubelet restarts (kubelet.sock and every socket in
-//	                                 the directory removed, kubelet.sock served again) the plugin
-//	                                 registers again within ReregisterTimeout, with the same devices
+//	restart/re-register              after the kubelet restarts (its streams and connections end,
+//	                                 kubelet.sock and every socket in the directory are removed,
+//	                                 kubelet.sock is served again) the plugin registers again
+//	                                 within ReregisterTimeout, with the same devices
 //
 // A failure names the rule and what the plugin sent, for example
 //
 //	allocate/mounts: mounts with absolute paths: Mount{ContainerPath: "run/gpu", HostPath: "/run/gpu"}
+//
+// Allocate checks ask for one device per container, preferred allocations
+// for two (Config.MaxDevicesPerContainer lowers that for plugins of shared
+// devices). When the plugin registers again during the run, as a new
+// process on a new socket, the checks follow its newest registration, as the
+// kubelet does.
 //
 // The suite's kubelet checks a registration as the kubelet does, with the
 // kubelet's messages, and answers with the same errors; unlike the kubelet,

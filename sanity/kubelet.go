@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -83,7 +84,9 @@ func (k *kubelet) start() error {
 	if err != nil {
 		return err
 	}
-	server := grpc.NewServer(grpc.WaitForHandlers(true))
+	// A client gets callTimeout to finish its handshake: gRPC's default,
+	// two minutes, would let a silent one hold stop that long.
+	server := grpc.NewServer(grpc.WaitForHandlers(true), grpc.ConnectionTimeout(k.callTimeout))
 	pluginapi.RegisterRegistrationServer(server, registrationService{k: k})
 	done := make(chan struct{})
 	k.mu.Lock()
@@ -96,9 +99,10 @@ func (k *kubelet) start() error {
 	return nil
 }
 
-// stop stops serving kubelet.sock and removes it, as a kubelet that exits,
-// once the Register calls in flight are answered (each ends within
-// callTimeout). The connections to plugins stay open: close ends them.
+// stop stops serving kubelet.sock and removes it, as a kubelet that exits.
+// Register calls in flight get up to callTimeout to be answered; then every
+// connection to kubelet.sock is cut, so that a client that connects and
+// sends nothing cannot hold the suite.
 func (k *kubelet) stop() {
 	k.mu.Lock()
 	server, done := k.server, k.done
@@ -107,13 +111,25 @@ func (k *kubelet) stop() {
 	if server == nil {
 		return
 	}
-	server.GracefulStop()
+	graceful := make(chan struct{})
+	go func() {
+		defer close(graceful)
+		server.GracefulStop()
+	}()
+	timer := time.NewTimer(k.callTimeout)
+	defer timer.Stop()
+	select {
+	case <-graceful:
+	case <-timer.C:
+		server.Stop()
+		<-graceful
+	}
 	<-done
 }
 
-// close stops the kubelet and closes every connection to a plugin.
-func (k *kubelet) close() {
-	k.stop()
+// disconnect closes every connection to a plugin, which ends their
+// streams and calls, as when a kubelet exits.
+func (k *kubelet) disconnect() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for _, r := range k.regs {
@@ -121,6 +137,25 @@ func (k *kubelet) close() {
 			_ = r.conn.Close()
 		}
 	}
+}
+
+// close stops the kubelet and closes every connection to a plugin.
+func (k *kubelet) close() {
+	k.stop()
+	k.disconnect()
+}
+
+// latest returns the newest registration for which match is true, nil if
+// none.
+func (k *kubelet) latest(match func(*registration) bool) *registration {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, r := range slices.Backward(k.regs) {
+		if match(r) {
+			return r
+		}
+	}
+	return nil
 }
 
 // wait returns the first registration after the first skip ones for which

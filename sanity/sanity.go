@@ -42,11 +42,17 @@ type Config struct {
 	// RegisterTimeout bounds the wait for the first registration (default
 	// 30s); ReregisterTimeout the wait for the registration after the
 	// kubelet restarts (default 60s); ListTimeout the wait for a device list
-	// (default 10s); CallTimeout every other call (default 10s).
-	RegisterTimeout, ReregisterTimeout, ListTimeout, CallTimeout time.Duration
+	// (default 10s); PreStartTimeout PreStartContainer (default 30s, the
+	// kubelet's); CallTimeout every other call (default 10s), and
+	// Parallel times it the concurrent calls together.
+	RegisterTimeout, ReregisterTimeout, ListTimeout, PreStartTimeout, CallTimeout time.Duration
 	// Parallel is the number of concurrent Allocate calls of the
 	// concurrency check (default 8).
 	Parallel int
+	// MaxDevicesPerContainer is the most devices the plugin gives one
+	// container (1 for a plugin of shared devices that refuses more).
+	// Default 2, the most any check asks for.
+	MaxDevicesPerContainer int
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -58,9 +64,13 @@ func (c Config) withDefaults() (Config, error) {
 	def(&c.RegisterTimeout, 30*time.Second)
 	def(&c.ReregisterTimeout, 60*time.Second)
 	def(&c.ListTimeout, 10*time.Second)
+	def(&c.PreStartTimeout, 30*time.Second)
 	def(&c.CallTimeout, 10*time.Second)
 	if c.Parallel <= 0 {
 		c.Parallel = 8
+	}
+	if c.MaxDevicesPerContainer <= 0 {
+		c.MaxDevicesPerContainer = 2
 	}
 	if c.NUMANodes == nil {
 		nodes, err := topology.Discover("/")
@@ -98,7 +108,7 @@ type Result struct {
 
 // Report is what Run found.
 type Report struct {
-	// Resource and Endpoint are what the checked plugin registered.
+	// Resource and Endpoint are what the checked plugin registered last.
 	Resource, Endpoint string
 	Results            []Result
 }
@@ -127,12 +137,13 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		return Report{}, err
 	}
 	defer s.close()
-	rep := Report{Resource: s.reg.req.GetResourceName(), Endpoint: s.reg.req.GetEndpoint()}
+	var rep Report
 	for _, c := range checks {
 		if s.cfg.Skip != nil && s.cfg.Skip.MatchString(c.name) {
 			rep.Results = append(rep.Results, Result{Name: c.name, Status: Skipped, Messages: []string{"skipped by the configuration"}})
 			continue
 		}
+		s.follow()
 		r := &recorder{}
 		begin := time.Now()
 		done := make(chan struct{})
@@ -143,6 +154,8 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		<-done
 		rep.Results = append(rep.Results, Result{Name: c.name, Status: r.status(), Messages: r.msgs, Duration: time.Since(begin)})
 	}
+	s.follow()
+	rep.Resource, rep.Endpoint = s.reg.req.GetResourceName(), s.reg.req.GetEndpoint()
 	return rep, nil
 }
 
@@ -170,6 +183,7 @@ func Test(t *testing.T, cfg Config) {
 					if s.cfg.Skip != nil && s.cfg.Skip.MatchString(c.name) {
 						t.Skip("skipped by the configuration")
 					}
+					s.follow()
 					c.run(s, &C{ctx: t.Context(), t: t})
 				})
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -132,6 +133,13 @@ func (f *fixture) start(t *testing.T) func(dir string) error {
 				defer close(done)
 				for ev := range w.Events {
 					if ev.Has(fsnotify.Create) && filepath.Base(ev.Name) == "kubelet.sock" {
+						// A kubelet that restarts has ended its streams.
+						ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+						err := f.current().WaitForStreams(ctx, 0)
+						cancel()
+						if err != nil {
+							t.Errorf("kubelet.sock is served again while the old kubelet's stream is open: %v", err)
+						}
 						if err := f.launch(dir); err != nil {
 							t.Errorf("plugin restart: %v", err)
 						}
@@ -234,7 +242,7 @@ func TestEachCheckFailsOnItsBrokenPlugin(t *testing.T) {
 	}, {
 		check:     "list-and-watch/first-list",
 		breakRule: func(f *fixture, cfg *sanity.Config) { badDevices(f); cfg.ListTimeout = 300 * time.Millisecond },
-		want:      "lists a device: no device listed within 300ms",
+		want:      "lists a device: no list with a device within 300ms (1 lists received)",
 		also:      []string{"list-and-watch/.*", "preferred-allocation/.*", "allocate/.*", "pre-start/.*", "concurrency/.*", "restart/.*"},
 	}, {
 		check: "list-and-watch/update",
@@ -408,14 +416,16 @@ func editAllocate(edit func(*pluginapi.AllocateResponse)) func(*plugintest.Plugi
 }
 
 // oneAtATime wraps an Allocate that cannot take two calls at once: a call
-// for a single device holds the plugin until a second arrives, which is
-// refused as busy. Other calls are answered at once.
+// for gpu-1 or gpu-2 alone (only the concurrency check makes those) holds
+// the plugin until a second arrives, which is refused as busy. Other calls
+// are answered at once.
 func oneAtATime(next plugintest.AllocateFunc) plugintest.AllocateFunc {
 	var busy atomic.Bool
 	second := make(chan struct{})
 	var once sync.Once
 	return func(ctx context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
-		if len(req.ContainerRequests) != 1 || len(req.ContainerRequests[0].DevicesIds) != 1 || strings.HasPrefix(req.ContainerRequests[0].DevicesIds[0], "sanity-") {
+		if len(req.ContainerRequests) != 1 || len(req.ContainerRequests[0].DevicesIds) != 1 ||
+			!slices.Contains([]string{"gpu-1", "gpu-2"}, req.ContainerRequests[0].DevicesIds[0]) {
 			return next(ctx, req)
 		}
 		if !busy.CompareAndSwap(false, true) {
@@ -474,4 +484,98 @@ func TestRunRefusesALiveKubeletSocket(t *testing.T) {
 	_, err = sanity.Run(t.Context(), otherCfg)
 	require.NoError(t, err)
 	<-done
+}
+
+// A plugin that registers again, as a new process on a new socket, is
+// checked on its newest registration, as the kubelet follows it.
+func TestFollowsThePluginsNewestRegistration(t *testing.T) {
+	f := newFixture()
+	cfg := f.config(t)
+	f.opts.Endpoint = "first.sock"
+	first := true
+	f.register = func(p *plugintest.Plugin, sock string) error {
+		if err := p.Register(sock); err != nil || !first {
+			return err
+		}
+		first = false
+		f.opts.Endpoint = "second.sock"
+		err := f.launch(filepath.Dir(sock))
+		p.Stop()
+		return err
+	}
+	rep, err := sanity.Run(t.Context(), cfg)
+	require.NoError(t, err)
+	for _, r := range rep.Results {
+		assert.Equal(t, sanity.Passed, r.Status, "%s: %q", r.Name, r.Messages)
+	}
+	assert.Equal(t, "second.sock", rep.Endpoint)
+}
+
+// A client that connects to kubelet.sock and sends nothing holds neither
+// the restart check nor the end of the run past CallTimeout.
+func TestSilentKubeletClientHoldsNothing(t *testing.T) {
+	f := newFixture()
+	cfg := f.config(t)
+	cfg.CallTimeout = time.Second
+	start := cfg.StartPlugin
+	cfg.StartPlugin = func(dir string) error {
+		conn, err := net.Dial("unix", filepath.Join(dir, "kubelet.sock"))
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { conn.Close() })
+		return start(dir)
+	}
+	done := make(chan sanity.Report)
+	go func() {
+		rep, err := sanity.Run(t.Context(), cfg)
+		assert.NoError(t, err)
+		done <- rep
+	}()
+	select {
+	case rep := <-done:
+		assert.True(t, rep.Passed(), "%+v", rep.Results)
+	case <-time.After(60 * time.Second): // gRPC would wait 120s for the handshake
+		t.Fatal("Run is held by a client that sends nothing")
+	}
+}
+
+// A plugin of shared devices, which gives one device per container and
+// refuses more, passes every check with MaxDevicesPerContainer 1; asked
+// for two, its preferred allocation is refused.
+func TestOneDevicePerContainer(t *testing.T) {
+	oneEach := func(p *plugintest.Plugin) {
+		correct := refuseUnknown(p)
+		p.SetAllocateFunc(func(ctx context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+			for _, cr := range req.ContainerRequests {
+				if len(cr.DevicesIds) > 1 {
+					return nil, errors.New("maximum request size for shared resources is 1")
+				}
+			}
+			return correct(ctx, req)
+		})
+		p.SetPreferredAllocationFunc(func(_ context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
+			for _, cr := range req.ContainerRequests {
+				if cr.AllocationSize > 1 {
+					return nil, errors.New("maximum request size for shared resources is 1")
+				}
+			}
+			return p.DefaultPreferredAllocation(req), nil
+		})
+	}
+	for _, maxDevices := range []int{1, 0} {
+		f := newFixture()
+		f.hooks = oneEach
+		cfg := f.config(t)
+		cfg.MaxDevicesPerContainer = maxDevices
+		rep, err := sanity.Run(t.Context(), cfg)
+		require.NoError(t, err)
+		for _, r := range rep.Results {
+			want := sanity.Passed
+			if maxDevices == 0 && strings.HasPrefix(r.Name, "preferred-allocation/") {
+				want = sanity.Failed
+			}
+			assert.Equal(t, want, r.Status, "MaxDevicesPerContainer %d, %s: %q", maxDevices, r.Name, r.Messages)
+		}
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -53,6 +54,10 @@ func start(ctx context.Context, cfg Config) (*suite, error) {
 	s.reg, err = s.k.wait(wctx, 0, func(r *registration) bool {
 		return cfg.ResourceName == "" || r.req.GetResourceName() == cfg.ResourceName
 	})
+	if err != nil && ctx.Err() != nil {
+		s.close()
+		return nil, fmt.Errorf("sanity: stopped while waiting for a registration: %w", context.Cause(ctx))
+	}
 	if err != nil {
 		n, names := s.k.received()
 		s.close()
@@ -96,6 +101,24 @@ func (s *suite) close() {
 	}
 }
 
+// follow makes the newest registration of the checked resource the one the
+// checks use, as the kubelet follows a plugin that registers again.
+func (s *suite) follow() {
+	name := s.reg.req.GetResourceName()
+	r := s.k.latest(func(r *registration) bool { return r.req.GetResourceName() == name })
+	if r == nil || r == s.reg {
+		return
+	}
+	if s.watch != nil {
+		s.watch.stop()
+		s.watch = nil
+	}
+	s.reg = r
+	if r.conn != nil {
+		s.watch = newWatch(r)
+	}
+}
+
 // client returns the plugin's client, or ends the check when the suite
 // could not reach the plugin.
 func (s *suite) client(c *C) pluginapi.DevicePluginClient {
@@ -114,21 +137,25 @@ func (s *suite) healthy(c *C) []string {
 	msgs, err := s.watch.wait(ctx, func(msgs []*pluginapi.ListAndWatchResponse) bool {
 		return slices.ContainsFunc(msgs, func(m *pluginapi.ListAndWatchResponse) bool { return len(m.Devices) > 0 })
 	})
-	if err != nil {
-		c.fatalf("lists a device", "no device listed within %v (%d lists received): the allocation checks need one", s.cfg.ListTimeout, len(msgs))
+	switch {
+	case errors.Is(err, errTimedOut):
+		c.fatalf("lists a device", "no list with a device within %v (%d lists received): the allocation checks need one", s.cfg.ListTimeout, len(msgs))
+	case err != nil:
+		c.fatalf("lists a device", "%v, before any list with a device (%d lists received)", err, len(msgs))
 	}
 	for _, m := range slices.Backward(msgs) {
 		if len(m.Devices) == 0 {
 			continue
 		}
-		var ids []string
+		var ids, sent []string
 		for _, d := range m.Devices {
 			if d.Health == pluginapi.Healthy {
 				ids = append(ids, d.ID)
 			}
+			sent = append(sent, fmt.Sprintf("%s %q", d.ID, d.Health))
 		}
 		if len(ids) == 0 {
-			c.fatalf("lists a healthy device", "the latest list has %d devices, none healthy: the allocation checks need one", len(m.Devices))
+			c.fatalf("lists a healthy device", "the latest list has %d devices, none %q: %s", len(m.Devices), pluginapi.Healthy, strings.Join(sent[:min(5, len(sent))], ", "))
 		}
 		slices.Sort(ids)
 		return slices.Compact(ids)
@@ -185,8 +212,11 @@ func (w *watch) add(m *pluginapi.ListAndWatchResponse, err error) {
 	w.changed = make(chan struct{})
 }
 
+// errTimedOut is the error of a wait whose context ended.
+var errTimedOut = errors.New("timed out")
+
 // wait returns the messages so far once done says they are enough, or with
-// an error when ctx ends or the stream does first.
+// an error when ctx ends (errTimedOut) or the stream does first.
 func (w *watch) wait(ctx context.Context, done func([]*pluginapi.ListAndWatchResponse) bool) ([]*pluginapi.ListAndWatchResponse, error) {
 	for {
 		w.mu.Lock()
@@ -200,7 +230,7 @@ func (w *watch) wait(ctx context.Context, done func([]*pluginapi.ListAndWatchRes
 		}
 		select {
 		case <-ctx.Done():
-			return msgs, errors.New("timed out")
+			return msgs, errTimedOut
 		case <-changed:
 		}
 	}
