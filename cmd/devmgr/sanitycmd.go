@@ -25,6 +25,9 @@ type sanityOptions struct {
 	skip              string
 	registerTimeout   time.Duration
 	reregisterTimeout time.Duration
+	listTimeout       time.Duration
+	callTimeout       time.Duration
+	maxDevices        int
 }
 
 func newSanityCmd() *cobra.Command {
@@ -44,7 +47,8 @@ does.
 At the end it prints one line per check (passed, failed or skipped, and how
 long it took), with the messages of each failed or skipped check under it,
 and the counts. --junit FILE also writes the results as JUnit XML, one test
-case per check. A failure names the rule and what the plugin sent.
+case per check (and one failed "setup" case when no plugin could be
+checked). A failure names the rule and what the plugin sent.
 list-and-watch/update is always skipped here: it needs a way to make the
 plugin send a new list, which only a Go test gives (sanity.Config.TriggerUpdate).
 
@@ -72,6 +76,9 @@ regular expression); 4 no plugin (or none for --resource) registered within
 	f.StringVar(&o.skip, "skip", "", "skip the checks whose names (such as allocate/cdi) match this regular expression")
 	f.DurationVar(&o.registerTimeout, "register-timeout", 30*time.Second, "how long to wait for the plugin's first registration")
 	f.DurationVar(&o.reregisterTimeout, "reregister-timeout", 60*time.Second, "how long the restart check waits for the plugin to register again")
+	f.DurationVar(&o.listTimeout, "list-timeout", 10*time.Second, "how long to wait for a device list")
+	f.DurationVar(&o.callTimeout, "call-timeout", 10*time.Second, "how long each Allocate or GetPreferredAllocation call may take (PreStartContainer: 30s, as in the kubelet)")
+	f.IntVar(&o.maxDevices, "max-devices-per-container", 2, "the most devices the plugin gives one container: 1 for a plugin of shared devices that refuses more")
 	if err := cmd.MarkFlagRequired("socket-dir"); err != nil {
 		panic(err) // a flag defined above
 	}
@@ -87,10 +94,17 @@ func runSanity(cmd *cobra.Command, o *sanityOptions) error {
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	rep, err := sanity.Run(ctx, cfg)
-	if errors.Is(err, sanity.ErrNotRegistered) {
-		return &exitError{code: exitNotFound, err: err}
-	}
 	if err != nil {
+		if o.junit != "" {
+			// CI's report shows why nothing was checked.
+			setup := sanity.Report{Results: []sanity.Result{{Name: "sanity/setup", Status: sanity.Failed, Messages: []string{err.Error()}}}}
+			if jerr := writeJUnitFile(o.junit, setup); jerr != nil {
+				return errors.Join(err, jerr)
+			}
+		}
+		if errors.Is(err, sanity.ErrNotRegistered) {
+			return &exitError{code: exitNotFound, err: err}
+		}
 		return err
 	}
 	counts := writeSanityText(cmd.OutOrStdout(), cfg.SocketDir, rep)
@@ -120,12 +134,19 @@ func (o *sanityOptions) config() (sanity.Config, error) {
 	for _, d := range []struct {
 		flag string
 		v    time.Duration
-	}{{"--register-timeout", o.registerTimeout}, {"--reregister-timeout", o.reregisterTimeout}} {
+	}{
+		{"--register-timeout", o.registerTimeout}, {"--reregister-timeout", o.reregisterTimeout},
+		{"--list-timeout", o.listTimeout}, {"--call-timeout", o.callTimeout},
+	} {
 		if d.v <= 0 {
 			return cfg, fmt.Errorf("%s must be positive, not %s", d.flag, d.v)
 		}
 	}
+	if o.maxDevices < 1 {
+		return cfg, fmt.Errorf("--max-devices-per-container must be at least 1, not %d", o.maxDevices)
+	}
 	cfg.RegisterTimeout, cfg.ReregisterTimeout = o.registerTimeout, o.reregisterTimeout
+	cfg.ListTimeout, cfg.CallTimeout, cfg.MaxDevicesPerContainer = o.listTimeout, o.callTimeout, o.maxDevices
 	return cfg, nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/fsnotify/fsnotify"
 	"github.com/stretchr/testify/assert"
@@ -245,12 +246,22 @@ func TestSanityCommandSkip(t *testing.T) {
 // --skip that is no regular expression is a usage error.
 func TestSanityCommandExitCodes(t *testing.T) {
 	dir := shortTempDir(t)
-	res := devmgr(t, "", "sanity", "--socket-dir", dir, "--register-timeout", "300ms")
+	junit := filepath.Join(dir, "sanity.xml")
+	res := devmgr(t, "", "sanity", "--socket-dir", dir, "--register-timeout", "300ms", "--junit", junit)
 	assert.Equal(t, exitNotFound, res.code, res.stderr)
 	assert.Equal(t, "devmgr: sanity: a device plugin did not register in "+dir+" within 300ms\n", res.stderr)
 	assert.Empty(t, res.stdout)
 	_, err := os.Stat(filepath.Join(dir, "kubelet.sock"))
 	assert.ErrorIs(t, err, os.ErrNotExist, "kubelet.sock removed at the end")
+	b, err := os.ReadFile(junit)
+	require.NoError(t, err, "the JUnit file says why nothing was checked")
+	var suite junitSuite
+	require.NoError(t, xml.Unmarshal(b, &suite))
+	require.Len(t, suite.Cases, 1)
+	assert.Equal(t, 1, suite.Failures)
+	assert.Equal(t, "setup", suite.Cases[0].Name)
+	require.NotNil(t, suite.Cases[0].Failure)
+	assert.Contains(t, suite.Cases[0].Failure.Message, "did not register")
 
 	for _, tc := range []struct {
 		args   []string
@@ -259,9 +270,22 @@ func TestSanityCommandExitCodes(t *testing.T) {
 		{[]string{"--socket-dir", dir, "--skip", "allocate/("}, "devmgr: --skip: error parsing regexp: missing closing ): `allocate/(`\n"},
 		{[]string{"--socket-dir", dir, "--register-timeout", "0s"}, "devmgr: --register-timeout must be positive, not 0s\n"},
 		{[]string{"--skip", "x"}, "devmgr: required flag(s) \"socket-dir\" not set\n"},
+		{[]string{"--socket-dir", dir, "--call-timeout", "-1s"}, "devmgr: --call-timeout must be positive, not -1s\n"},
+		{[]string{"--socket-dir", dir, "--max-devices-per-container", "0"}, "devmgr: --max-devices-per-container must be at least 1, not 0\n"},
 	} {
 		res := devmgr(t, "", append([]string{"sanity"}, tc.args...)...)
 		assert.Equal(t, exitUsage, res.code, res.stderr)
 		assert.Equal(t, tc.stderr, res.stderr)
 	}
+}
+
+// The timeout and device flags reach the suite's configuration.
+func TestSanityFlagsReachTheConfig(t *testing.T) {
+	o := &sanityOptions{socketDir: "/tmp/dp", registerTimeout: time.Second, reregisterTimeout: 2 * time.Second,
+		listTimeout: 3 * time.Second, callTimeout: 4 * time.Second, maxDevices: 1}
+	cfg, err := o.config()
+	require.NoError(t, err)
+	assert.Equal(t, []time.Duration{time.Second, 2 * time.Second, 3 * time.Second, 4 * time.Second},
+		[]time.Duration{cfg.RegisterTimeout, cfg.ReregisterTimeout, cfg.ListTimeout, cfg.CallTimeout})
+	assert.Equal(t, 1, cfg.MaxDevicesPerContainer)
 }
