@@ -451,6 +451,13 @@ func TestRunWithoutRegistration(t *testing.T) {
 	require.ErrorContains(t, err, "sanity: a device plugin did not register in "+dir+" within 200ms")
 	require.ErrorIs(t, err, sanity.ErrNotRegistered)
 
+	// Stopped by its caller while it waits, it says so.
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	_, err = sanity.Run(ctx, sanity.Config{SocketDir: dir, NUMANodes: []int{0}})
+	require.ErrorContains(t, err, "sanity: stopped while waiting for a registration: context canceled")
+	require.NotErrorIs(t, err, sanity.ErrNotRegistered)
+
 	f := newFixture()
 	cfg := f.config(t)
 	cfg.ResourceName = "example.com/fpga"
