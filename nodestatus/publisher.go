@@ -12,14 +12,21 @@
 // server removes it unless another manager owns it too. It applies with
 // force: the device-plugin resources are its own, even where another writer
 // (a kubelet before it) set them.
+//
+// After a wipe, the extended resources the node still advertises that no
+// field manager but the kubelet or the publisher owns are applied at zero
+// once, in the first apply; the applies after it leave out those the
+// manager does not report, which removes them.
 package nodestatus
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -42,6 +49,10 @@ const (
 	DefaultResyncInterval = 5 * time.Minute
 	DefaultMaxBackoff     = 30 * time.Second
 )
+
+// kubeletFieldManager is the field manager of a kubelet's status writes:
+// the extended resources it owns on a wiped node are the device manager's.
+const kubeletFieldManager = "kubelet"
 
 // DeviceManager is what a Publisher reads of the device manager;
 // *devicemanager.ManagerImpl implements it.
@@ -94,7 +105,8 @@ type Publisher struct {
 	opts Options
 	log  klog.Logger
 	// zeroed are the extended resources found in the status of a node that
-	// was wiped: they are held at zero until the manager reports them.
+	// was wiped, owned by no other field manager: the first apply after the
+	// wipe holds those the manager does not report at zero.
 	zeroed []v1.ResourceName
 	reset  bool
 	// registered: the node was found or created (with RegisterNode).
@@ -225,8 +237,8 @@ func (p *Publisher) desired() resources {
 }
 
 // publish applies r to the node's status, creating the node first when it is
-// missing and RegisterNode is set, and returns what it applied: after a
-// wipe, r with the extended resources the node advertised at zero.
+// missing and RegisterNode is set, and returns what it applied: in the first
+// apply after a wipe, r with the extended resources to zero at zero.
 func (p *Publisher) publish(ctx context.Context, r resources) (resources, error) {
 	if p.opts.RegisterNode && !p.registered {
 		if err := p.ensureNode(ctx); err != nil {
@@ -241,7 +253,7 @@ func (p *Publisher) publish(ctx context.Context, r resources) (resources, error)
 		}
 		p.zeroed, p.reset = names, false
 		if len(names) > 0 {
-			p.log.Info("Node was wiped: extended resources are zero until their plugins report them", "resources", names)
+			p.log.Info("Node was wiped: zeroing the extended resources its plugins do not report", "resources", names)
 		}
 		r = p.desired()
 	}
@@ -250,6 +262,9 @@ func (p *Publisher) publish(ctx context.Context, r resources) (resources, error)
 	if apierrors.IsNotFound(err) {
 		p.registered = false // deleted: created again at the next attempt
 		return r, fmt.Errorf("node %s does not exist: %w", p.opts.NodeName, err)
+	}
+	if err == nil {
+		p.zeroed = nil // applied once; the next apply removes what it leaves out
 	}
 	return r, err
 }
@@ -272,7 +287,8 @@ func (p *Publisher) ensureNode(ctx context.Context) error {
 	return err
 }
 
-// extendedResources returns the extended resources in the node's capacity,
+// extendedResources returns the extended resources in the node's capacity
+// that no field manager other than the kubelet and the publisher owns,
 // sorted; none for a node that does not exist.
 func (p *Publisher) extendedResources(ctx context.Context) ([]v1.ResourceName, error) {
 	node, err := p.opts.Client.CoreV1().Nodes().Get(ctx, p.opts.NodeName, metav1.GetOptions{})
@@ -282,14 +298,47 @@ func (p *Publisher) extendedResources(ctx context.Context) ([]v1.ResourceName, e
 	if err != nil {
 		return nil, err
 	}
+	others, err := p.ownedByOthers(node.ManagedFields)
+	if err != nil {
+		p.log.Error(err, "Cannot tell who owns the node's extended resources: none is zeroed")
+		return nil, nil
+	}
 	var names []v1.ResourceName
 	for name := range node.Status.Capacity {
-		if pluginreg.IsExtendedResourceName(string(name)) {
+		if pluginreg.IsExtendedResourceName(string(name)) && !others[name] {
 			names = append(names, name)
 		}
 	}
 	slices.Sort(names)
 	return names, nil
+}
+
+// ownedByOthers returns the resources in the status capacity or allocatable
+// that a field manager other than the kubelet and the publisher owns.
+func (p *Publisher) ownedByOthers(entries []metav1.ManagedFieldsEntry) (map[v1.ResourceName]bool, error) {
+	owned := map[v1.ResourceName]bool{}
+	for _, e := range entries {
+		if e.Manager == p.opts.FieldManager || e.Manager == kubeletFieldManager || e.FieldsV1 == nil {
+			continue
+		}
+		var fields struct {
+			Status struct {
+				Capacity    map[string]json.RawMessage `json:"f:capacity"`
+				Allocatable map[string]json.RawMessage `json:"f:allocatable"`
+			} `json:"f:status"`
+		}
+		if err := json.Unmarshal(e.FieldsV1.GetRawBytes(), &fields); err != nil {
+			return nil, fmt.Errorf("managed fields of %q: %w", e.Manager, err)
+		}
+		for _, m := range []map[string]json.RawMessage{fields.Status.Capacity, fields.Status.Allocatable} {
+			for key := range m {
+				if name, ok := strings.CutPrefix(key, "f:"); ok {
+					owned[v1.ResourceName(name)] = true
+				}
+			}
+		}
+	}
+	return owned, nil
 }
 
 // ApplyConfiguration returns the apply configuration of a node status that

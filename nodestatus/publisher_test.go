@@ -2,6 +2,7 @@ package nodestatus_test
 
 import (
 	"context"
+	"encoding/json"
 	"slices"
 	"sync"
 	"testing"
@@ -175,6 +176,25 @@ func (h *harness) applies() int {
 		}
 	}
 	return n
+}
+
+// applied returns the capacity and allocatable of the publisher's apply
+// number i (from 0), as it sent them.
+func (h *harness) applied(i int) (capacity, allocatable map[v1.ResourceName]int64) {
+	h.t.Helper()
+	for _, a := range h.client.Actions() {
+		p, ok := a.(k8stesting.PatchAction)
+		if !ok || a.GetResource().Resource != "nodes" || a.GetSubresource() != "status" {
+			continue
+		}
+		if i--; i < 0 {
+			var n v1.Node
+			require.NoError(h.t, json.Unmarshal(p.GetPatch(), &n))
+			return counts(n.Status.Capacity), counts(n.Status.Allocatable)
+		}
+	}
+	h.t.Fatalf("fewer applies than asked for")
+	return nil, nil
 }
 
 func (h *harness) node() *v1.Node {
@@ -366,7 +386,7 @@ func notFound() error {
 	return apierrors.NewNotFound(schema.GroupResource{Resource: "nodes"}, node)
 }
 
-func TestAWipedNodeHasItsExtendedResourcesZeroedUntilReported(t *testing.T) {
+func TestAWipedNodeHasItsUnreportedExtendedResourcesZeroedOnceThenRemoved(t *testing.T) {
 	existing := emptyNode()
 	existing.Status.Capacity = v1.ResourceList{v1.ResourceCPU: resource.MustParse("4"),
 		"example.com/gpu": resource.MustParse("4"), "example.com/fpga": resource.MustParse("2")}
@@ -374,17 +394,73 @@ func TestAWipedNodeHasItsExtendedResourcesZeroedUntilReported(t *testing.T) {
 	mgr := &fakeManager{wiped: true}
 	mgr.set("example.com/gpu", 1, 1)
 	h := newHarness(t, mgr, nodestatus.Options{}, existing)
-	h.settle()
-	n := h.node()
-	require.Equal(t, map[v1.ResourceName]int64{v1.ResourceCPU: 4, "example.com/gpu": 1, "example.com/fpga": 0}, counts(n.Status.Capacity))
-	require.Equal(t, map[v1.ResourceName]int64{v1.ResourceCPU: 4, "example.com/gpu": 1, "example.com/fpga": 0}, counts(n.Status.Allocatable))
 	h.next()
-	require.Equal(t, 1, h.applies(), "what was written holds the zeroed resources: nothing changed since")
+	h.settle()
+	capacity, allocatable := h.applied(0)
+	require.Equal(t, map[v1.ResourceName]int64{"example.com/gpu": 1, "example.com/fpga": 0}, capacity)
+	require.Equal(t, map[v1.ResourceName]int64{"example.com/gpu": 1, "example.com/fpga": 0}, allocatable)
+	require.Equal(t, 2, h.applies(), "the zero is applied once")
+	capacity, _ = h.applied(1)
+	require.Equal(t, map[v1.ResourceName]int64{"example.com/gpu": 1}, capacity)
+	n := h.node()
+	require.Equal(t, map[v1.ResourceName]int64{v1.ResourceCPU: 4, "example.com/gpu": 1}, counts(n.Status.Capacity))
+	require.Equal(t, map[v1.ResourceName]int64{v1.ResourceCPU: 4, "example.com/gpu": 1}, counts(n.Status.Allocatable))
 
 	mgr.set("example.com/fpga", 2, 1)
 	h.next()
 	h.settle()
 	require.Equal(t, int64(1), counts(h.node().Status.Allocatable)["example.com/fpga"])
+}
+
+// applyAs applies capacity and allocatable to the node's status as another
+// field manager, without force.
+func applyAs(t *testing.T, h *harness, manager string, name v1.ResourceName, n int64) error {
+	t.Helper()
+	l := v1.ResourceList{name: *resource.NewQuantity(n, resource.DecimalSI)}
+	ac := corev1ac.Node(node).WithStatus(corev1ac.NodeStatus().WithCapacity(l).WithAllocatable(l))
+	_, err := h.client.CoreV1().Nodes().ApplyStatus(context.Background(), ac, metav1.ApplyOptions{FieldManager: manager})
+	return err
+}
+
+func TestAWipeLeavesTheExtendedResourcesOfOtherFieldManagersAlone(t *testing.T) {
+	mgr := &fakeManager{wiped: true}
+	h := prepare(t, mgr, emptyNode())
+	require.NoError(t, applyAs(t, h, "agent", "example.com/dongle", 7))
+	require.NoError(t, applyAs(t, h, "kubelet", "example.com/gpu", 4))
+	h.client.ClearActions()
+	h.start(nodestatus.Options{})
+	h.next()
+	h.settle()
+	capacity, _ := h.applied(0)
+	require.Equal(t, map[v1.ResourceName]int64{"example.com/gpu": 0}, capacity, "the kubelet's resource is zeroed, the agent's is not")
+	require.Equal(t, map[v1.ResourceName]int64{"example.com/dongle": 7}, counts(h.node().Status.Capacity),
+		"the zeroed kubelet resource is removed")
+
+	require.NoError(t, applyAs(t, h, "agent", "example.com/dongle", 8), "the agent still owns its resource alone")
+	h.next()
+	h.settle()
+	require.Equal(t, map[v1.ResourceName]int64{"example.com/dongle": 8}, counts(h.node().Status.Capacity))
+	require.Equal(t, map[v1.ResourceName]int64{"example.com/dongle": 8}, counts(h.node().Status.Allocatable))
+}
+
+func TestAResourceZeroedByAWipeIsRemovedOnceItsPluginIsGoneAgain(t *testing.T) {
+	existing := emptyNode()
+	existing.Status.Capacity = v1.ResourceList{"example.com/gpu": resource.MustParse("4")}
+	existing.Status.Allocatable = existing.Status.Capacity.DeepCopy()
+	mgr := &fakeManager{wiped: true}
+	h := newHarness(t, mgr, nodestatus.Options{}, existing)
+	mgr.set("example.com/gpu", 2, 2)
+	h.next()
+	h.settle()
+	capacity, _ := h.applied(0)
+	require.Equal(t, map[v1.ResourceName]int64{"example.com/gpu": 0}, capacity)
+	require.Equal(t, map[v1.ResourceName]int64{"example.com/gpu": 2}, counts(h.node().Status.Capacity))
+
+	mgr.drop("example.com/gpu") // retired after the grace period
+	h.next()
+	h.settle()
+	require.Empty(t, h.node().Status.Capacity)
+	require.Empty(t, h.node().Status.Allocatable)
 }
 
 func TestApplyConfigurationHoldsExactlyTheResources(t *testing.T) {
