@@ -17,6 +17,10 @@
 // field manager but the kubelet or the publisher owns are applied at zero
 // once, in the first apply; the applies after it leave out those the
 // manager does not report, which removes them.
+//
+// Between writes it reads the node every CheckInterval and applies again
+// when the node was deleted, created anew, or no longer holds what was
+// applied.
 package nodestatus
 
 import (
@@ -33,6 +37,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"k8s.io/client-go/kubernetes"
@@ -47,6 +52,7 @@ const (
 	DefaultFieldManager   = "devmgr"
 	DefaultPollInterval   = time.Second
 	DefaultResyncInterval = 5 * time.Minute
+	DefaultCheckInterval  = 10 * time.Second
 	DefaultMaxBackoff     = 30 * time.Second
 )
 
@@ -87,6 +93,10 @@ type Options struct {
 	// changed, which repairs a status someone else overwrote. Default
 	// DefaultResyncInterval.
 	ResyncInterval time.Duration
+	// CheckInterval is how often the node is read between writes: a node
+	// deleted, created anew, or whose status lost what was applied, is
+	// published again at once. Default DefaultCheckInterval.
+	CheckInterval time.Duration
 	// MaxBackoff bounds the wait before retrying a failed write; the wait
 	// starts at PollInterval and doubles with each failure. Default
 	// DefaultMaxBackoff.
@@ -111,6 +121,8 @@ type Publisher struct {
 	reset  bool
 	// registered: the node was found or created (with RegisterNode).
 	registered bool
+	// uid of the node the last apply wrote to.
+	uid types.UID
 }
 
 // New checks opts and returns a Publisher. It asks the manager whether the
@@ -124,7 +136,7 @@ func New(opts Options) (*Publisher, error) {
 		return nil, errors.New("nodestatus: no NodeName")
 	case opts.Manager == nil:
 		return nil, errors.New("nodestatus: no Manager")
-	case opts.PollInterval < 0, opts.ResyncInterval < 0, opts.MaxBackoff < 0:
+	case opts.PollInterval < 0, opts.ResyncInterval < 0, opts.CheckInterval < 0, opts.MaxBackoff < 0:
 		return nil, errors.New("nodestatus: negative interval")
 	}
 	if opts.FieldManager == "" {
@@ -135,6 +147,9 @@ func New(opts Options) (*Publisher, error) {
 	}
 	if opts.ResyncInterval == 0 {
 		opts.ResyncInterval = DefaultResyncInterval
+	}
+	if opts.CheckInterval == 0 {
+		opts.CheckInterval = DefaultCheckInterval
 	}
 	if opts.MaxBackoff == 0 {
 		opts.MaxBackoff = DefaultMaxBackoff
@@ -169,6 +184,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 		last      resources
 		published bool      // last is on the node
 		lastWrite time.Time // of last
+		lastCheck time.Time // last write or read of the node
 		failures  int
 		retryAt   time.Time
 	)
@@ -181,8 +197,13 @@ func (p *Publisher) Run(ctx context.Context) error {
 			reason = "start"
 		case !want.equal(last):
 			reason = "changed"
+		case failures > 0:
+			reason = "retry"
 		case now.Sub(lastWrite) >= p.opts.ResyncInterval:
 			reason = "resync"
+		case now.Sub(lastCheck) >= p.opts.CheckInterval:
+			lastCheck = now
+			reason = p.check(ctx, last)
 		}
 		if reason != "" && !now.Before(retryAt) {
 			applied, err := p.publish(ctx, want)
@@ -196,7 +217,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 				p.opts.Metrics.observe(resultFailure, time.Time{})
 				p.log.Error(err, "Failed to publish device resources in the node status", "failures", failures, "retryIn", delay)
 			} else {
-				last, published, lastWrite = applied, true, now
+				last, published, lastWrite, lastCheck = applied, true, now, now
 				failures, retryAt = 0, time.Time{}
 				p.opts.Metrics.observe(resultSuccess, now)
 				p.log.Info("Published device resources in the node status", "reason", reason,
@@ -209,6 +230,40 @@ func (p *Publisher) Run(ctx context.Context) error {
 		case <-tick.C():
 		}
 	}
+}
+
+// check reads the node and returns why last must be applied again: the node
+// is gone, is another node of the same name, or its status does not hold
+// last. It returns "" when the node holds last, or when the read failed (the
+// next check reads again).
+func (p *Publisher) check(ctx context.Context, last resources) string {
+	node, err := p.opts.Client.CoreV1().Nodes().Get(ctx, p.opts.NodeName, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		p.registered = false
+		return "node deleted"
+	case err != nil:
+		if ctx.Err() == nil {
+			p.log.Error(err, "Failed to read the node to check its status")
+		}
+		return ""
+	case node.UID != p.uid:
+		return "node created anew"
+	case !holds(node.Status.Capacity, last.capacity) || !holds(node.Status.Allocatable, last.allocatable):
+		return "status changed"
+	}
+	return ""
+}
+
+// holds reports whether l has each resource of want at its count.
+func holds(l v1.ResourceList, want map[v1.ResourceName]int64) bool {
+	for name, n := range want {
+		q, ok := l[name]
+		if !ok || q.Value() != n {
+			return false
+		}
+	}
+	return true
 }
 
 // backoff is the wait after the given number of consecutive failures:
@@ -257,7 +312,7 @@ func (p *Publisher) publish(ctx context.Context, r resources) (resources, error)
 		}
 		r = p.desired()
 	}
-	_, err := p.opts.Client.CoreV1().Nodes().ApplyStatus(ctx, ApplyConfiguration(p.opts.NodeName, r.capacity, r.allocatable),
+	node, err := p.opts.Client.CoreV1().Nodes().ApplyStatus(ctx, ApplyConfiguration(p.opts.NodeName, r.capacity, r.allocatable),
 		metav1.ApplyOptions{FieldManager: p.opts.FieldManager, Force: true})
 	if apierrors.IsNotFound(err) {
 		p.registered = false // deleted: created again at the next attempt
@@ -265,6 +320,7 @@ func (p *Publisher) publish(ctx context.Context, r resources) (resources, error)
 	}
 	if err == nil {
 		p.zeroed = nil // applied once; the next apply removes what it leaves out
+		p.uid = node.UID
 	}
 	return r, err
 }

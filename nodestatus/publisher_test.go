@@ -463,6 +463,68 @@ func TestAResourceZeroedByAWipeIsRemovedOnceItsPluginIsGoneAgain(t *testing.T) {
 	require.Empty(t, h.node().Status.Allocatable)
 }
 
+func TestANodeDeletedOrCreatedAnewIsPublishedAgainWithinACheckInterval(t *testing.T) {
+	for name, tc := range map[string]struct {
+		register bool
+		recreate bool
+	}{
+		"created anew by another writer": {recreate: true},
+		"deleted, registered again":      {register: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			mgr := &fakeManager{}
+			mgr.set("example.com/gpu", 2, 1)
+			first := emptyNode()
+			first.UID = "first"
+			h := newHarness(t, mgr, nodestatus.Options{CheckInterval: 5 * time.Second, RegisterNode: tc.register}, first)
+			h.settle() // 1s after the write
+			require.Equal(t, 1, h.applies())
+
+			nodes := h.client.CoreV1().Nodes()
+			require.NoError(t, nodes.Delete(context.Background(), node, metav1.DeleteOptions{}))
+			if tc.recreate {
+				second := emptyNode()
+				second.UID = "second"
+				_, err := nodes.Create(context.Background(), second, metav1.CreateOptions{})
+				require.NoError(t, err)
+			}
+			for range 3 {
+				h.next()
+			}
+			require.Equal(t, 1, h.applies(), "the node is not read again before the check interval")
+
+			h.next() // 5s after the write: the check
+			h.settle()
+			require.Equal(t, 2, h.applies())
+			n := h.node()
+			require.Equal(t, map[v1.ResourceName]int64{"example.com/gpu": 2}, counts(n.Status.Capacity))
+			require.Equal(t, map[v1.ResourceName]int64{"example.com/gpu": 1}, counts(n.Status.Allocatable))
+			require.Equal(t, 0, h.published("failure"))
+		})
+	}
+}
+
+func TestAStatusThatLostWhatWasAppliedIsPublishedAgainWithinACheckInterval(t *testing.T) {
+	mgr := &fakeManager{}
+	mgr.set("example.com/gpu", 2, 2)
+	h := newHarness(t, mgr, nodestatus.Options{CheckInterval: 5 * time.Second}, emptyNode())
+	h.settle()
+	// Another writer overwrites the status (an update takes no ownership
+	// conflict into account).
+	n := h.node()
+	n.Status.Capacity["example.com/gpu"] = resource.MustParse("0")
+	_, err := h.client.CoreV1().Nodes().UpdateStatus(context.Background(), n, metav1.UpdateOptions{FieldManager: "other"})
+	require.NoError(t, err)
+	for range 3 {
+		h.next()
+	}
+	require.Equal(t, 1, h.applies())
+	h.next() // 5s after the write: the check
+	h.settle()
+	require.Equal(t, 2, h.applies())
+	require.Equal(t, map[v1.ResourceName]int64{"example.com/gpu": 2}, counts(h.node().Status.Capacity))
+}
+
 func TestApplyConfigurationHoldsExactlyTheResources(t *testing.T) {
 	ac := nodestatus.ApplyConfiguration(node, map[v1.ResourceName]int64{"example.com/gpu": 3}, map[v1.ResourceName]int64{"example.com/gpu": 1})
 	require.Equal(t, node, *ac.Name)
