@@ -13,6 +13,10 @@ BENCHTIME       ?= 1s
 BENCH           ?= .
 BENCHRUNS       ?= 5
 PKGS            ?= ./...
+# E2E_CACHE: where make e2e keeps the components it builds (default: the
+# environment's DEVMGR_E2E_CACHE, else devmgr/e2e in the user's cache
+# directory, ${XDG_CACHE_HOME:-$HOME/.cache}).
+E2E_CACHE       ?= $(DEVMGR_E2E_CACHE)
 
 .PHONY: all test vet lint fmt fmt-write tidy bench bench-compare bench-check compat e2e fuzz verify interop reliability tools clean
 
@@ -76,13 +80,14 @@ compat:
 ## k8s.io/kubernetes) is tidy, passes go vet, and its test runs devmgr serve
 ## --kubeconfig against a real etcd, kube-apiserver and kube-scheduler on
 ## loopback, logging each figure it checks (FIGURE lines). The components
-## build once into .cache/e2e/bin, under their versions' names
+## build once into a cache outside the repository, E2E_CACHE (default
+## ${XDG_CACHE_HOME:-$HOME/.cache}/devmgr/e2e), under their versions' names
 ## (kube-apiserver and kube-scheduler from k8s.io/kubernetes, pinned in
-## e2e/go.mod; etcd from e2e/etcd, a module of its own); the log says how long
-## each build took. Needs no root.
+## e2e/go.mod; etcd from e2e/etcd, a module of its own); the log says where,
+## and how long each build took. Needs no root.
 e2e:
 	cd e2e && $(GO) mod tidy -diff && (cd etcd && $(GO) mod tidy -diff) && $(GO) vet ./... && \
-		$(GO) test -count=1 -v -timeout 30m ./...
+		DEVMGR_E2E_CACHE='$(abspath $(E2E_CACHE))' $(GO) test -count=1 -v -timeout 30m ./...
 
 ## fuzz: every fuzz target for FUZZTIME each (.ci/fuzz-target runs one).
 fuzz:

@@ -35,11 +35,16 @@ const (
 	processGrace = 10 * time.Second
 )
 
-// Binaries, built once into binDir (outside the tracked files), under
-// names that carry their module's version, so that a version change builds
-// them again.
+// cacheEnv names the directory the components are cached in; default
+// devmgr/e2e in the user's cache directory ($XDG_CACHE_HOME or ~/.cache).
+const cacheEnv = "DEVMGR_E2E_CACHE"
+
+// Binaries: the components built once into binDir, outside the repository,
+// under names that carry their module's version, so that a version change
+// builds them again; devmgr, the code under test, built for each run into
+// devmgrDir, removed by TestMain.
 var (
-	binDir, repoRoot                               string
+	binDir, devmgrDir, repoRoot                    string
 	etcdBin, apiserverBin, schedulerBin, devmgrBin string
 	buildOnce                                      sync.Once
 	errBuild                                       error
@@ -55,8 +60,13 @@ func buildAll() error {
 		return err
 	}
 	repoRoot = filepath.Dir(wd)
-	binDir = filepath.Join(repoRoot, ".cache", "e2e", "bin")
+	if binDir, err = cacheDir(); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(binDir, 0o755); err != nil {
+		return err
+	}
+	if devmgrDir, err = os.MkdirTemp("", "e2e-devmgr"); err != nil {
 		return err
 	}
 	kubeVersion, err := moduleVersion(wd, kubeModule)
@@ -71,7 +81,7 @@ func buildAll() error {
 	etcdBin = filepath.Join(binDir, "etcd-"+etcdVersion)
 	apiserverBin = filepath.Join(binDir, "kube-apiserver-"+kubeVersion)
 	schedulerBin = filepath.Join(binDir, "kube-scheduler-"+kubeVersion)
-	devmgrBin = filepath.Join(binDir, "devmgr")
+	devmgrBin = filepath.Join(devmgrDir, "devmgr")
 	for _, b := range []struct {
 		dir, pkg, out string
 		always        bool
@@ -86,14 +96,34 @@ func buildAll() error {
 			continue
 		}
 		start := time.Now()
-		cmd := exec.Command("go", "build", "-o", b.out, b.pkg)
+		// Built under a name of this run's and renamed, so that another run
+		// sharing the cache never sees half a binary.
+		tmp := fmt.Sprintf("%s.%d", b.out, os.Getpid())
+		cmd := exec.Command("go", "build", "-o", tmp, b.pkg)
 		cmd.Dir = b.dir
 		if out, err := cmd.CombinedOutput(); err != nil {
+			_ = os.Remove(tmp)
 			return fmt.Errorf("go build %s: %w\n%s", b.pkg, err, out)
+		}
+		if err := os.Rename(tmp, b.out); err != nil {
+			return err
 		}
 		fmt.Fprintf(&buildLog, "build: %s in %s\n", filepath.Base(b.out), time.Since(start).Round(time.Second))
 	}
 	return nil
+}
+
+// cacheDir is $DEVMGR_E2E_CACHE, or devmgr/e2e in the user's cache
+// directory.
+func cacheDir() (string, error) {
+	if dir := os.Getenv(cacheEnv); dir != "" {
+		return filepath.Abs(dir)
+	}
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		return "", fmt.Errorf("no cache directory for the e2e binaries (set %s): %w", cacheEnv, err)
+	}
+	return filepath.Join(dir, "devmgr", "e2e"), nil
 }
 
 // moduleVersion is the version of module that the go.mod in dir selects.
@@ -107,11 +137,19 @@ func moduleVersion(dir, module string) (string, error) {
 	return strings.TrimSpace(string(out)), nil
 }
 
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if devmgrDir != "" {
+		_ = os.RemoveAll(devmgrDir)
+	}
+	os.Exit(code)
+}
+
 // binaries builds everything once and fails the test if that failed.
 func binaries(t *testing.T) {
 	t.Helper()
 	buildOnce.Do(func() { errBuild = buildAll() })
-	t.Log(strings.TrimSpace(buildLog.String()))
+	t.Log("e2e binaries in " + binDir + "\n" + strings.TrimSpace(buildLog.String()))
 	if errBuild != nil {
 		t.Fatal(errBuild)
 	}
@@ -331,5 +369,26 @@ func writeFile(t *testing.T, path, content string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestComponentsAreCachedOutsideTheRepository(t *testing.T) {
+	xdg := filepath.Join(os.TempDir(), "xdg-cache")
+	t.Setenv("XDG_CACHE_HOME", xdg)
+	t.Setenv(cacheEnv, "")
+	dir, err := cacheDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(xdg, "devmgr", "e2e"); dir != want {
+		t.Fatalf("cache directory %s, want %s", dir, want)
+	}
+	t.Setenv(cacheEnv, "elsewhere")
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dir, err = cacheDir(); err != nil || dir != filepath.Join(wd, "elsewhere") {
+		t.Fatalf("with %s=elsewhere: cache directory %s (%v), want %s", cacheEnv, dir, err, filepath.Join(wd, "elsewhere"))
 	}
 }
