@@ -17,6 +17,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -167,10 +168,64 @@ func TestDevmgrPublishesDevicesTheSchedulerUses(t *testing.T) {
 	t.Logf("FIGURE API server outage: %d failed publishes while it was down (restart took %s); %s allocatable 4 -> 3 in the node status %s after it was ready again (bound: the %s backoff cap + %s)",
 		after.failed-before.failed, back.Sub(restart).Round(time.Millisecond), gpu, took, nodestatus.DefaultMaxBackoff, publishBound)
 
+	// 7. The Node deleted and created anew by someone else while nothing
+	// changes on the device side: devmgr notices at its next check.
+	old := node(t, ctx, c).UID
+	if err := c.client.CoreV1().Nodes().Delete(ctx, nodeName, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deleted := time.Now()
+	fresh := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}
+	if _, err := c.client.CoreV1().Nodes().Create(ctx, fresh, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err) // AlreadyExists: devmgr (--register-node) was first
+	}
+	checkBound := nodestatus.DefaultCheckInterval + publishBound
+	took = waitNode(t, ctx, c, devmgr, "gpu 4/3 on the new node", checkBound, func(n *v1.Node) bool { return n.UID != old && has(n, gpu, 4, 3) })
+	t.Logf("FIGURE node created anew: %s=4/3 back in the status of the new Node %s after it was deleted (bound: the %s check interval + %s)",
+		gpu, took, nodestatus.DefaultCheckInterval, publishBound)
+	if time.Since(deleted) > checkBound {
+		t.Fatalf("devices back %s after the node was deleted, bound %s", time.Since(deleted), checkBound)
+	}
+	becomeReadyNode(t, ctx, c) // the agent writes its part again
+
 	if code := devmgr.stop(); code != 0 {
 		t.Fatalf("devmgr serve exited %d on SIGTERM", code)
 	}
 	t.Logf("FIGURE shutdown: devmgr serve exited 0 on SIGTERM")
+
+	// 8. A wipe: devmgr serve on an empty checkpoint directory while the
+	// Node still advertises what the first one published. devmgr's own
+	// resource is zeroed and removed; the agent's survives.
+	n = node(t, ctx, c)
+	if !has(n, gpu, 4, 3) || !has(n, nic, 7, 7) {
+		t.Fatalf("before the wipe the node advertises capacity %v allocatable %v", n.Status.Capacity, n.Status.Allocatable)
+	}
+	wipedDir := filepath.Join(dir, "dp-wiped")
+	wipeStart := time.Now()
+	wiped := start(t, dir, "devmgr-wiped", devmgrBin, "serve", "--socket-dir", wipedDir, "--control-socket", filepath.Join(dir, "ctl-wiped.sock"),
+		"--numa-nodes", "0", "--stop-grace-period", gracePeriod.String(), "--metrics-address", "127.0.0.1:0",
+		"--kubeconfig", c.kubeconfig, "--node-name", nodeName)
+	took = waitNode(t, ctx, c, wiped, "gpu removed after the wipe", time.Minute, func(n *v1.Node) bool {
+		_, inCapacity := n.Status.Capacity[gpu]
+		_, inAllocatable := n.Status.Allocatable[gpu]
+		return !inCapacity && !inAllocatable
+	})
+	if !regexp.MustCompile(`"Node was wiped: zeroing the extended resources its plugins do not report".* resources=\["` + gpu + `"\]`).MatchString(wiped.output()) {
+		t.Fatalf("devmgr did not log that it zeroes %s alone:\n%s", gpu, wiped.output())
+	}
+	if n = node(t, ctx, c); !has(n, nic, 7, 7) {
+		t.Fatalf("the agent's %s did not survive the wipe: capacity %v allocatable %v", nic, n.Status.Capacity, n.Status.Allocatable)
+	}
+	t.Logf("FIGURE wipe: %s zeroed and removed %s after devmgr serve started on an empty checkpoint directory; %s=7/7 of field manager %s intact",
+		gpu, took, nic, agent)
+	poll(t, ctx, wiped, "kubelet.sock", 30*time.Second, func() bool { return exists(filepath.Join(wipedDir, "kubelet.sock")) })
+	plugin(t, wipedDir, gpu, 2)
+	took = waitNode(t, ctx, c, wiped, "gpu 2/2 after the wipe", publishBound, func(n *v1.Node) bool { return has(n, gpu, 2, 2) })
+	t.Logf("FIGURE wipe: %s=2/2 published %s after its plugin registered again (%s after the wiped devmgr serve started)",
+		gpu, took, time.Since(wipeStart).Round(time.Millisecond))
+	if code := wiped.stop(); code != 0 {
+		t.Fatalf("devmgr serve (wiped) exited %d on SIGTERM", code)
+	}
 }
 
 func plugin(t *testing.T, dir, name string, n int) *plugintest.Plugin {
