@@ -116,7 +116,9 @@ type Publisher struct {
 	log  klog.Logger
 	// zeroed are the extended resources found in the status of a node that
 	// was wiped, owned by no other field manager: the first apply after the
-	// wipe holds those the manager does not report at zero.
+	// wipe holds those the manager does not report at zero. They are kept
+	// until an apply goes through: only an apply takes a resource over from
+	// the writer before, so that leaving it out afterwards removes it.
 	zeroed []v1.ResourceName
 	reset  bool
 	// registered: the node was found or created (with RegisterNode).

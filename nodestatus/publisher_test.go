@@ -463,6 +463,53 @@ func TestAResourceZeroedByAWipeIsRemovedOnceItsPluginIsGoneAgain(t *testing.T) {
 	require.Empty(t, h.node().Status.Allocatable)
 }
 
+// A resource reported and retired again before any apply went through is
+// still zeroed: only an apply takes it over from its old owner, so that
+// leaving it out afterwards removes it.
+func TestAResourceRetiredBeforeAnyApplyAfterAWipeIsStillZeroedAndRemoved(t *testing.T) {
+	existing := emptyNode()
+	existing.Status.Capacity = v1.ResourceList{"example.com/gpu": resource.MustParse("4")}
+	existing.Status.Allocatable = existing.Status.Capacity.DeepCopy()
+	mgr := &fakeManager{wiped: true}
+	h := prepare(t, mgr, existing)
+	// Status writes fail until the test says so; the first one that goes
+	// through is kept.
+	var mu sync.Mutex
+	failing := true
+	var first []byte
+	h.client.PrependReactor("patch", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if failing {
+			return true, nil, apierrors.NewServiceUnavailable("down")
+		}
+		if first == nil {
+			first = a.(k8stesting.PatchAction).GetPatch()
+		}
+		return false, nil, nil
+	})
+	h.start(nodestatus.Options{MaxBackoff: time.Second})
+	mgr.set("example.com/gpu", 2, 2) // its plugin is back
+	for range 3 {
+		h.next()
+	}
+	mgr.drop("example.com/gpu") // and gone past the grace period
+	mu.Lock()
+	failing = false
+	mu.Unlock()
+	for range 3 {
+		h.next()
+	}
+	require.GreaterOrEqual(t, h.published("success"), 1)
+	var n v1.Node
+	mu.Lock()
+	require.NoError(t, json.Unmarshal(first, &n))
+	mu.Unlock()
+	require.Equal(t, map[v1.ResourceName]int64{"example.com/gpu": 0}, counts(n.Status.Capacity), "the first apply that went through")
+	require.Empty(t, h.node().Status.Capacity)
+	require.Empty(t, h.node().Status.Allocatable)
+}
+
 func TestANodeDeletedOrCreatedAnewIsPublishedAgainWithinACheckInterval(t *testing.T) {
 	for name, tc := range map[string]struct {
 		register bool
