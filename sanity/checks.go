@@ -212,9 +212,13 @@ func allocate(s *suite, c *C, containers ...[]string) *pluginapi.AllocateRespons
 
 func checkAllocateResponses(s *suite, c *C) {
 	ids := s.healthy(c)
-	resp := allocate(s, c, ids[:1], ids[len(ids)-1:])
-	if n := len(resp.GetContainerResponses()); n != 2 {
-		c.violatef("one response per container request", "2 container requests, %d responses", n)
+	containers := [][]string{ids[:1]}
+	if len(ids) > 1 { // never one device in two containers: the kubelet does not
+		containers = append(containers, ids[1:2])
+	}
+	resp := allocate(s, c, containers...)
+	if n := len(resp.GetContainerResponses()); n != len(containers) {
+		c.violatef("one response per container request", "%d container requests, %d responses", len(containers), n)
 	}
 }
 

@@ -222,7 +222,7 @@ func (s registrationService) Register(ctx context.Context, req *pluginapi.Regist
 // timeout, as the kubelet does while it handles Register.
 func dialPlugin(ctx context.Context, path string, timeout time.Duration) (*grpc.ClientConn, *pluginapi.DevicePluginOptions, error) {
 	if fi, err := os.Stat(path); err != nil || fi.Mode().Type() != fs.ModeSocket {
-		return nil, nil, fmt.Errorf("failed to dial device plugin: no unix socket at %s", path)
+		return nil, nil, fmt.Errorf("failed to dial device plugin: no unix socket at %s when it registered (a plugin serves, then registers)", path)
 	}
 	conn, err := grpc.NewClient("passthrough:///plugin",
 		grpc.WithTransportCredentials(insecure.NewCredentials()),

@@ -586,3 +586,24 @@ func TestOneDevicePerContainer(t *testing.T) {
 		}
 	}
 }
+
+// ResourceName picks one of the resources registered in the directory.
+func TestResourceNamePicksOneOfSeveral(t *testing.T) {
+	gpu, fpga := newFixture(), newFixture()
+	fpga.opts.ResourceName = "example.com/fpga"
+	fpga.opts.CDIDeviceName = func(id string) string { return "example.com/fpga=" + id }
+	cfg := fpga.config(t)
+	cfg.ResourceName = "example.com/fpga"
+	startFPGA := cfg.StartPlugin
+	cfg.StartPlugin = func(dir string) error {
+		if err := gpu.start(t)(dir); err != nil { // registers first
+			return err
+		}
+		return startFPGA(dir)
+	}
+	rep, err := sanity.Run(t.Context(), cfg)
+	require.NoError(t, err)
+	assert.Equal(t, "example.com/fpga", rep.Resource)
+	assert.True(t, rep.Passed(), "%+v", rep.Results)
+	assert.Len(t, fpga.plugins, 2, "the checked plugin registered again after the restart")
+}
