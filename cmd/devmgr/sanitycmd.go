@@ -77,7 +77,7 @@ regular expression); 4 no plugin (or none for --resource) registered within
 	f.DurationVar(&o.registerTimeout, "register-timeout", 30*time.Second, "how long to wait for the plugin's first registration")
 	f.DurationVar(&o.reregisterTimeout, "reregister-timeout", 60*time.Second, "how long the restart check waits for the plugin to register again")
 	f.DurationVar(&o.listTimeout, "list-timeout", 10*time.Second, "how long to wait for a device list")
-	f.DurationVar(&o.callTimeout, "call-timeout", 10*time.Second, "how long each Allocate or GetPreferredAllocation call may take (PreStartContainer: 30s, as in the kubelet)")
+	f.DurationVar(&o.callTimeout, "call-timeout", 10*time.Second, "how long each call to the plugin may take (PreStartContainer: 30s, as in the kubelet), the dial-back during Register and a client's handshake on kubelet.sock included")
 	f.IntVar(&o.maxDevices, "max-devices-per-container", 2, "the most devices the plugin gives one container: 1 for a plugin of shared devices that refuses more")
 	if err := cmd.MarkFlagRequired("socket-dir"); err != nil {
 		panic(err) // a flag defined above

@@ -57,8 +57,8 @@ checkpoint keeps the devices and .devmgr-serve-pods.json, next to it, keeps
 the admitted pods.
 
 With --kubeconfig and --node-name, serve also publishes the device resources
-in that Node's status (capacity and allocatable, by server-side apply, as a
-kubelet does), so that the scheduler places pods asking for them: the device
+in that Node's status (capacity and allocatable, as a kubelet does, here by
+server-side apply), so that the scheduler places pods asking for them: the device
 side of a node that has no kubelet. --register-node creates the Node if
 missing. Other fields of the node's status are left to their writers.
 
