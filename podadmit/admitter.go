@@ -129,8 +129,9 @@ func (adm *Admitter) endTurn() { <-adm.turn }
 // container of pod, in spec order, and returns what each got. Pods are
 // admitted one at a time: Admit first waits, honouring ctx, for the plugins
 // of the pod's resources (the manager's WaitForPlugins, so a pod waiting for
-// its plugin holds up no other pod), then for an admission or restore in
-// progress to end. A pod without a UID gets a generated one,
+// its plugin holds up no other pod; each container's wait is bounded on its
+// own, so a pod can wait that long once for each container whose plugin is
+// not ready), then for an admission or restore in progress to end. A pod without a UID gets a generated one,
 // and one without a namespace "default"; the caller's pod is not modified.
 // Admitting an admitted pod (same UID) again returns the same answer.
 //
