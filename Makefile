@@ -68,13 +68,13 @@ bench-check:
 	cd bench && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) vet -tags devmgronly ./... && $(GO) vet -tags kubeletonly ./... && $(GO) test -count=1 ./...
 
 ## compat: kubeletcompat/ (a module of its own, which make test does not
-## reach) is tidy, passes go vet and its tests. As root they run the kubelet's
-## topology manager over the adapter and over the kubelet's own device manager
-## (k8s.io/kubernetes v1.37.2, the build bench-check shares), in a private
+## reach) is tidy, passes go vet and its tests, with the race detector. As
+## root they run the kubelet's topology manager over the adapter and over the
+## kubelet's own device manager (k8s.io/kubernetes v1.37.2), in a private
 ## mount namespace, so they need root and unshare -m: without them they fail,
 ## saying why.
 compat:
-	cd kubeletcompat && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) test -count=1 ./...
+	cd kubeletcompat && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 
 ## e2e: e2e/ (a module of its own, so the library never depends on
 ## k8s.io/kubernetes) is tidy, passes go vet, and its test runs devmgr serve
