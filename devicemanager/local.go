@@ -6,10 +6,11 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/openkubelet/devmgr/internal/pluginreg"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/test/bufconn"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/openkubelet/devmgr/internal/pluginreg"
 )
 
 // localPrefix starts the instance name of a resource registered with
@@ -38,8 +39,9 @@ const localBufferSize = 256 << 10
 // RegisterLocal refuses an invalid resource name (as Register does), a call
 // before Start or after Stop (ErrStopped), a resource already registered
 // locally or being registered by a concurrent call, and a resource over
-// MaxResources or MaxInstancesPerResource (ErrPluginLimit). Once it returns, the resource's first device list may
-// still be on its way, as after a plugin's registration.
+// MaxResources or MaxInstancesPerResource (ErrPluginLimit). Once it returns,
+// the resource's first device list may still be on its way, as after a
+// plugin's registration.
 //
 // stop disconnects the resource as a plugin that goes away: its devices are
 // unhealthy at once, and GetCapacity removes the resource after
