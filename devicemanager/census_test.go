@@ -59,8 +59,7 @@ func TestHintsCensusStaysExact(t *testing.T) {
 				list = append(slices.Clone(devs), dup)
 			}
 			p.Update(list)
-			want := countHealthy(devs)
-			h.eventually(func() bool { _, a := h.capacity(res1); return a == int64(want) }, "update applied")
+			h.waitDevices(res1, devs)
 		}
 		for request := 1; request <= 3; request++ {
 			pod := newPod("probe", ctr("app", res1, request))
@@ -76,6 +75,27 @@ func TestHintsCensusStaysExact(t *testing.T) {
 		}
 		checkAvailable(t, h.m, res1)
 	}
+}
+
+// waitDevices waits until the manager holds exactly devs for res, with their
+// health. Capacity alone is no sign that a list was applied: a new list may
+// have as many healthy devices as the one before it.
+func (h *harness) waitDevices(res string, devs []*pluginapi.Device) {
+	h.t.Helper()
+	h.eventually(func() bool {
+		h.m.mu.Lock()
+		defer h.m.mu.Unlock()
+		r := h.m.resources[res]
+		if r == nil || len(r.devices) != len(devs) {
+			return false
+		}
+		for _, d := range devs {
+			if got := r.device(d.ID); got == nil || got.Health != d.Health {
+				return false
+			}
+		}
+		return true
+	}, "the manager holds the %d devices of %s as sent", len(devs), res)
 }
 
 // checkAvailable compares the manager's free devices of resource (what an
