@@ -27,7 +27,10 @@ type sanityOptions struct {
 	reregisterTimeout time.Duration
 	listTimeout       time.Duration
 	callTimeout       time.Duration
+	preStartTimeout   time.Duration
+	parallel          int
 	maxDevices        int
+	numaNodes         []int
 }
 
 func newSanityCmd() *cobra.Command {
@@ -77,8 +80,11 @@ regular expression); 4 no plugin (or none for --resource) registered within
 	f.DurationVar(&o.registerTimeout, "register-timeout", 30*time.Second, "how long to wait for the plugin's first registration")
 	f.DurationVar(&o.reregisterTimeout, "reregister-timeout", 60*time.Second, "how long the restart check waits for the plugin to register again")
 	f.DurationVar(&o.listTimeout, "list-timeout", 10*time.Second, "how long to wait for a device list")
-	f.DurationVar(&o.callTimeout, "call-timeout", 10*time.Second, "how long each call to the plugin may take (PreStartContainer: 30s, as in the kubelet), the dial-back during Register and a client's handshake on kubelet.sock included")
+	f.DurationVar(&o.callTimeout, "call-timeout", 10*time.Second, "how long each call to the plugin but PreStartContainer may take, the dial-back during Register and a client's handshake on kubelet.sock included")
+	f.DurationVar(&o.preStartTimeout, "prestart-timeout", 30*time.Second, "how long PreStartContainer may take (the kubelet's 30s)")
+	f.IntVar(&o.parallel, "parallel", 8, "how many Allocate calls the concurrency check makes at once")
 	f.IntVar(&o.maxDevices, "max-devices-per-container", 2, "the most devices the plugin gives one container: 1 for a plugin of shared devices that refuses more")
+	f.IntSliceVar(&o.numaNodes, "numa-nodes", nil, "the NUMA node ids a device's topology may name, such as 0,1 for a plugin that reports the nodes of the machine it will run on (default: this machine's)")
 	if err := cmd.MarkFlagRequired("socket-dir"); err != nil {
 		panic(err) // a flag defined above
 	}
@@ -136,7 +142,7 @@ func (o *sanityOptions) config() (sanity.Config, error) {
 		v    time.Duration
 	}{
 		{"--register-timeout", o.registerTimeout}, {"--reregister-timeout", o.reregisterTimeout},
-		{"--list-timeout", o.listTimeout}, {"--call-timeout", o.callTimeout},
+		{"--list-timeout", o.listTimeout}, {"--call-timeout", o.callTimeout}, {"--prestart-timeout", o.preStartTimeout},
 	} {
 		if d.v <= 0 {
 			return cfg, fmt.Errorf("%s must be positive, not %s", d.flag, d.v)
@@ -145,8 +151,17 @@ func (o *sanityOptions) config() (sanity.Config, error) {
 	if o.maxDevices < 1 {
 		return cfg, fmt.Errorf("--max-devices-per-container must be at least 1, not %d", o.maxDevices)
 	}
+	if o.parallel < 1 {
+		return cfg, fmt.Errorf("--parallel must be at least 1, not %d", o.parallel)
+	}
+	for _, n := range o.numaNodes {
+		if n < 0 || n > 63 {
+			return cfg, fmt.Errorf("--numa-nodes: node %d out of range 0-63", n)
+		}
+	}
 	cfg.RegisterTimeout, cfg.ReregisterTimeout = o.registerTimeout, o.reregisterTimeout
-	cfg.ListTimeout, cfg.CallTimeout, cfg.MaxDevicesPerContainer = o.listTimeout, o.callTimeout, o.maxDevices
+	cfg.ListTimeout, cfg.CallTimeout, cfg.PreStartTimeout = o.listTimeout, o.callTimeout, o.preStartTimeout
+	cfg.Parallel, cfg.MaxDevicesPerContainer, cfg.NUMANodes = o.parallel, o.maxDevices, o.numaNodes
 	return cfg, nil
 }
 

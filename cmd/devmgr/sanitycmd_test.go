@@ -24,10 +24,11 @@ import (
 
 // nodePlugin is a device plugin as a node runs it, started apart from the
 // suite: it watches its directory and, each time kubelet.sock is created,
-// starts afresh and registers. editAllocate, when set, changes each of its
-// Allocate responses.
+// starts afresh and registers. It lists devices (default: two GPUs without
+// topology); editAllocate, when set, changes each of its Allocate responses.
 type nodePlugin struct {
 	dir          string
+	devices      []*pluginapi.Device
 	editAllocate func(*pluginapi.AllocateResponse)
 
 	mu      sync.Mutex
@@ -35,9 +36,12 @@ type nodePlugin struct {
 }
 
 // startNodePlugin watches dir until the test ends.
-func startNodePlugin(t *testing.T, dir string, editAllocate func(*pluginapi.AllocateResponse)) {
+func startNodePlugin(t *testing.T, dir string, devices []*pluginapi.Device, editAllocate func(*pluginapi.AllocateResponse)) {
 	t.Helper()
-	n := &nodePlugin{dir: dir, editAllocate: editAllocate}
+	if devices == nil {
+		devices = []*pluginapi.Device{{ID: "gpu-0", Health: pluginapi.Healthy}, {ID: "gpu-1", Health: pluginapi.Healthy}}
+	}
+	n := &nodePlugin{dir: dir, devices: devices, editAllocate: editAllocate}
 	w, err := fsnotify.NewWatcher()
 	require.NoError(t, err)
 	require.NoError(t, w.Add(dir))
@@ -72,12 +76,9 @@ func (n *nodePlugin) restart() error {
 		n.current.Stop()
 	}
 	p, err := plugintest.New(plugintest.Options{
-		ResourceName: "example.com/gpu",
-		SocketDir:    n.dir,
-		Devices: []*pluginapi.Device{
-			{ID: "gpu-0", Health: pluginapi.Healthy},
-			{ID: "gpu-1", Health: pluginapi.Healthy},
-		},
+		ResourceName:                    "example.com/gpu",
+		SocketDir:                       n.dir,
+		Devices:                         n.devices,
 		PreStartRequired:                true,
 		GetPreferredAllocationAvailable: true,
 	})
@@ -130,7 +131,7 @@ func sanityTable(t *testing.T, stdout string) (names []string, status map[string
 // new list, which only sanity.Config.TriggerUpdate gives.
 func TestSanityCommandCorrectPlugin(t *testing.T) {
 	dir := shortTempDir(t)
-	startNodePlugin(t, dir, nil)
+	startNodePlugin(t, dir, nil, nil)
 	res := devmgr(t, "", "sanity", "--socket-dir", dir, "--register-timeout", "10s", "--reregister-timeout", "10s")
 	require.Equal(t, exitOK, res.code, "stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
 	assert.Empty(t, res.stderr)
@@ -154,7 +155,7 @@ func TestSanityCommandCorrectPlugin(t *testing.T) {
 // command exits 1.
 func TestSanityCommandBrokenPlugin(t *testing.T) {
 	dir := shortTempDir(t)
-	startNodePlugin(t, dir, func(r *pluginapi.AllocateResponse) {
+	startNodePlugin(t, dir, nil, func(r *pluginapi.AllocateResponse) {
 		r.ContainerResponses[0].Mounts[0].ContainerPath = "run/gpu"
 	})
 	junit := filepath.Join(dir, "sanity.xml")
@@ -224,7 +225,7 @@ func TestSanityCommandBrokenPlugin(t *testing.T) {
 // --skip skips the checks it matches; skipped checks do not fail the run.
 func TestSanityCommandSkip(t *testing.T) {
 	dir := shortTempDir(t)
-	startNodePlugin(t, dir, nil)
+	startNodePlugin(t, dir, nil, nil)
 	res := devmgr(t, "", "sanity", "--socket-dir", dir, "--skip", "^(restart|allocate)/", "--register-timeout", "10s")
 	require.Equal(t, exitOK, res.code, "stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
 	names, status, messages := sanityTable(t, res.stdout)
@@ -272,6 +273,9 @@ func TestSanityCommandExitCodes(t *testing.T) {
 		{[]string{"--skip", "x"}, "devmgr: required flag(s) \"socket-dir\" not set\n"},
 		{[]string{"--socket-dir", dir, "--call-timeout", "-1s"}, "devmgr: --call-timeout must be positive, not -1s\n"},
 		{[]string{"--socket-dir", dir, "--max-devices-per-container", "0"}, "devmgr: --max-devices-per-container must be at least 1, not 0\n"},
+		{[]string{"--socket-dir", dir, "--prestart-timeout", "0s"}, "devmgr: --prestart-timeout must be positive, not 0s\n"},
+		{[]string{"--socket-dir", dir, "--parallel", "0"}, "devmgr: --parallel must be at least 1, not 0\n"},
+		{[]string{"--socket-dir", dir, "--numa-nodes", "0,64"}, "devmgr: --numa-nodes: node 64 out of range 0-63\n"},
 	} {
 		res := devmgr(t, "", append([]string{"sanity"}, tc.args...)...)
 		assert.Equal(t, exitUsage, res.code, res.stderr)
@@ -279,13 +283,48 @@ func TestSanityCommandExitCodes(t *testing.T) {
 	}
 }
 
-// The timeout and device flags reach the suite's configuration.
+// The timeout, concurrency, device and NUMA flags reach the suite's
+// configuration.
 func TestSanityFlagsReachTheConfig(t *testing.T) {
 	o := &sanityOptions{socketDir: "/tmp/dp", registerTimeout: time.Second, reregisterTimeout: 2 * time.Second,
-		listTimeout: 3 * time.Second, callTimeout: 4 * time.Second, maxDevices: 1}
+		listTimeout: 3 * time.Second, callTimeout: 4 * time.Second, preStartTimeout: 5 * time.Second,
+		parallel: 3, maxDevices: 1, numaNodes: []int{0, 2}}
 	cfg, err := o.config()
 	require.NoError(t, err)
-	assert.Equal(t, []time.Duration{time.Second, 2 * time.Second, 3 * time.Second, 4 * time.Second},
-		[]time.Duration{cfg.RegisterTimeout, cfg.ReregisterTimeout, cfg.ListTimeout, cfg.CallTimeout})
+	assert.Equal(t, []time.Duration{time.Second, 2 * time.Second, 3 * time.Second, 4 * time.Second, 5 * time.Second},
+		[]time.Duration{cfg.RegisterTimeout, cfg.ReregisterTimeout, cfg.ListTimeout, cfg.CallTimeout, cfg.PreStartTimeout})
+	assert.Equal(t, 3, cfg.Parallel)
 	assert.Equal(t, 1, cfg.MaxDevicesPerContainer)
+	assert.Equal(t, []int{0, 2}, cfg.NUMANodes)
+}
+
+// A plugin that reports the NUMA nodes of the machine it will run on is
+// checked against the nodes --numa-nodes names: device topology on node 3
+// passes with --numa-nodes 0,3 and fails with --numa-nodes 0,1.
+func TestSanityCommandNUMANodes(t *testing.T) {
+	on := func(id string, node int64) *pluginapi.Device {
+		return &pluginapi.Device{ID: id, Health: pluginapi.Healthy, Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: node}}}}
+	}
+	for _, tc := range []struct {
+		nodes, status string
+		messages      []string
+	}{
+		{"0,3", "passed", nil},
+		{"0,1", "failed", []string{`topology names NUMA nodes of this machine: list 1: device "gpu-3" names NUMA node 3; this machine has [0 1]`}},
+	} {
+		t.Run(tc.nodes, func(t *testing.T) {
+			dir := shortTempDir(t)
+			startNodePlugin(t, dir, []*pluginapi.Device{on("gpu-0", 0), on("gpu-3", 3)}, nil)
+			res := devmgr(t, "", "sanity", "--socket-dir", dir, "--numa-nodes", tc.nodes, "--skip", "^(restart|allocate|concurrency)/",
+				"--register-timeout", "10s")
+			_, status, messages := sanityTable(t, res.stdout)
+			assert.Equal(t, tc.status, status["list-and-watch/topology"], res.stdout)
+			assert.Equal(t, tc.messages, messages["list-and-watch/topology"])
+			for name, st := range status {
+				if name != "list-and-watch/topology" && st == "failed" {
+					t.Errorf("%s failed: %q", name, messages[name])
+				}
+			}
+		})
+	}
 }
