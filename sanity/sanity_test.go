@@ -607,3 +607,31 @@ func TestResourceNamePicksOneOfSeveral(t *testing.T) {
 	assert.True(t, rep.Passed(), "%+v", rep.Results)
 	assert.Len(t, fpga.plugins, 2, "the checked plugin registered again after the restart")
 }
+
+// A plugin that lists no device fails every check that needs one, naming
+// why; only the first such check waits ListTimeout for a device.
+func TestPluginWithoutDevicesWaitsOnce(t *testing.T) {
+	f := newFixture()
+	f.opts.Devices = nil
+	cfg := f.config(t)
+	cfg.ListTimeout = 3 * time.Second
+	rep, err := sanity.Run(t.Context(), cfg)
+	require.NoError(t, err)
+	var failed, waited []string
+	for _, r := range rep.Results {
+		if r.Status == sanity.Failed {
+			failed = append(failed, r.Name)
+			assert.Equal(t, []string{"lists a device: no list with a device within 3s (1 lists received): the allocation checks need one"},
+				r.Messages, r.Name)
+		} else {
+			assert.Equal(t, sanity.Passed, r.Status, "%s: %q", r.Name, r.Messages)
+		}
+		if r.Duration >= cfg.ListTimeout {
+			waited = append(waited, r.Name)
+		}
+	}
+	assert.Equal(t, []string{"list-and-watch/first-list", "list-and-watch/update", "preferred-allocation/subset", "preferred-allocation/must-include",
+		"preferred-allocation/size", "allocate/responses", "allocate/device-specs", "allocate/envs", "allocate/cdi",
+		"allocate/mounts", "allocate/unknown-device", "pre-start/answered", "concurrency/allocate", "restart/re-register"}, failed)
+	assert.Equal(t, []string{"list-and-watch/first-list"}, waited)
+}
