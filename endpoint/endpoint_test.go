@@ -228,7 +228,9 @@ func TestRPCs(t *testing.T) {
 // A hung plugin costs the caller its deadline, not more.
 func TestCallDeadlines(t *testing.T) {
 	p := startPlugin(t, nil)
-	e := dial(t, p, Options{CallTimeout: 50 * time.Millisecond, PreStartTimeout: 60 * time.Millisecond})
+	// Long enough for each call to reach the plugin before its deadline.
+	const callTimeout, preStartTimeout = time.Second, 1200 * time.Millisecond
+	e := dial(t, p, Options{CallTimeout: callTimeout, PreStartTimeout: preStartTimeout})
 	for _, m := range []plugintest.Method{plugintest.MethodAllocate, plugintest.MethodGetPreferredAllocation, plugintest.MethodPreStartContainer} {
 		release := p.Block(m)
 		defer release()
@@ -238,12 +240,12 @@ func TestCallDeadlines(t *testing.T) {
 		call func() error
 		want time.Duration
 	}{
-		{"Allocate", func() error { _, err := e.Allocate(context.Background(), []string{"a"}); return err }, 50 * time.Millisecond},
+		{"Allocate", func() error { _, err := e.Allocate(context.Background(), []string{"a"}); return err }, callTimeout},
 		{"GetPreferredAllocation", func() error {
 			_, err := e.GetPreferredAllocation(context.Background(), nil, nil, 1)
 			return err
-		}, 50 * time.Millisecond},
-		{"PreStartContainer", func() error { _, err := e.PreStartContainer(context.Background(), nil); return err }, 60 * time.Millisecond},
+		}, callTimeout},
+		{"PreStartContainer", func() error { _, err := e.PreStartContainer(context.Background(), nil); return err }, preStartTimeout},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -252,11 +254,14 @@ func TestCallDeadlines(t *testing.T) {
 		})
 	}
 	// The recorded deadlines are the configured ones.
-	for _, m := range []plugintest.Method{plugintest.MethodAllocate, plugintest.MethodPreStartContainer} {
-		calls := p.CallsOf(m)
+	for _, tc := range []struct {
+		m    plugintest.Method
+		want time.Duration
+	}{{plugintest.MethodAllocate, callTimeout}, {plugintest.MethodGetPreferredAllocation, callTimeout}, {plugintest.MethodPreStartContainer, preStartTimeout}} {
+		calls := p.CallsOf(tc.m)
 		require.Len(t, calls, 1)
 		budget := calls[0].Deadline.Sub(calls[0].Time)
-		assert.LessOrEqual(t, budget, 60*time.Millisecond, m)
+		assert.LessOrEqual(t, budget, tc.want, tc.m)
 	}
 }
 
