@@ -532,9 +532,10 @@ func TestQuirkSocketGoneBeforeDialBack(t *testing.T) {
 // (say, from a supervisor script) before anything listens again. Nothing
 // accepts on the socket, so the dial-back can only fail when its deadline
 // passes, as the kubelet's does (gRPC keeps retrying a refused
-// connection); DialTimeout bounds it. The error names the socket.
+// connection); DialTimeout bounds it. The error names the socket. The
+// timeout is long enough for the bystander's dial-back, which must succeed.
 func TestQuirkStaleSocketFile(t *testing.T) {
-	h := newHarness(t, func(o *Options) { o.DialTimeout = 500 * time.Millisecond }).start()
+	h := newHarness(t, func(o *Options) { o.DialTimeout = 2 * time.Second }).start()
 	by := h.bystander()
 	leaks := newLeakCheck(t)
 
