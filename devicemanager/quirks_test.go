@@ -28,6 +28,7 @@ import (
 	"github.com/openkubelet/devmgr/checkpoint"
 	"github.com/openkubelet/devmgr/endpoint"
 	"github.com/openkubelet/devmgr/internal/fdcheck"
+	"github.com/openkubelet/devmgr/internal/leakwait"
 	"github.com/openkubelet/devmgr/plugintest"
 )
 
@@ -68,17 +69,7 @@ func (l *leakCheck) verify() {
 		l.t.Errorf("file descriptors leaked: %d at the snapshot, %d now; new: %v",
 			len(l.fds), len(now), fdcheck.New(l.fds, now))
 	}
-	deadline := time.Now().Add(waitTimeout)
-	for {
-		err := goleak.Find(l.goroutines) // retries for a while by itself
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			l.t.Errorf("goroutines leaked: %v", err)
-			return
-		}
-	}
+	leakwait.VerifyNone(l.t, waitTimeout, l.goroutines)
 }
 
 // resBystander is the resource of the well-behaved plugin.
