@@ -28,6 +28,7 @@ import (
 	"github.com/openkubelet/devmgr/checkpoint"
 	"github.com/openkubelet/devmgr/endpoint"
 	"github.com/openkubelet/devmgr/internal/fdcheck"
+	"github.com/openkubelet/devmgr/internal/leakwait"
 	"github.com/openkubelet/devmgr/plugintest"
 )
 
@@ -68,17 +69,7 @@ func (l *leakCheck) verify() {
 		l.t.Errorf("file descriptors leaked: %d at the snapshot, %d now; new: %v",
 			len(l.fds), len(now), fdcheck.New(l.fds, now))
 	}
-	deadline := time.Now().Add(waitTimeout)
-	for {
-		err := goleak.Find(l.goroutines) // retries for a while by itself
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			l.t.Errorf("goroutines leaked: %v", err)
-			return
-		}
-	}
+	leakwait.VerifyNone(l.t, waitTimeout, l.goroutines)
 }
 
 // resBystander is the resource of the well-behaved plugin.
@@ -532,9 +523,10 @@ func TestQuirkSocketGoneBeforeDialBack(t *testing.T) {
 // (say, from a supervisor script) before anything listens again. Nothing
 // accepts on the socket, so the dial-back can only fail when its deadline
 // passes, as the kubelet's does (gRPC keeps retrying a refused
-// connection); DialTimeout bounds it. The error names the socket.
+// connection); DialTimeout bounds it. The error names the socket. The
+// timeout is long enough for the bystander's dial-back, which must succeed.
 func TestQuirkStaleSocketFile(t *testing.T) {
-	h := newHarness(t, func(o *Options) { o.DialTimeout = 500 * time.Millisecond }).start()
+	h := newHarness(t, func(o *Options) { o.DialTimeout = 2 * time.Second }).start()
 	by := h.bystander()
 	leaks := newLeakCheck(t)
 

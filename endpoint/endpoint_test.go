@@ -228,7 +228,9 @@ func TestRPCs(t *testing.T) {
 // A hung plugin costs the caller its deadline, not more.
 func TestCallDeadlines(t *testing.T) {
 	p := startPlugin(t, nil)
-	e := dial(t, p, Options{CallTimeout: 50 * time.Millisecond, PreStartTimeout: 60 * time.Millisecond})
+	// Long enough for each call to reach the plugin before its deadline.
+	const callTimeout, preStartTimeout = time.Second, 1200 * time.Millisecond
+	e := dial(t, p, Options{CallTimeout: callTimeout, PreStartTimeout: preStartTimeout})
 	for _, m := range []plugintest.Method{plugintest.MethodAllocate, plugintest.MethodGetPreferredAllocation, plugintest.MethodPreStartContainer} {
 		release := p.Block(m)
 		defer release()
@@ -238,12 +240,12 @@ func TestCallDeadlines(t *testing.T) {
 		call func() error
 		want time.Duration
 	}{
-		{"Allocate", func() error { _, err := e.Allocate(context.Background(), []string{"a"}); return err }, 50 * time.Millisecond},
+		{"Allocate", func() error { _, err := e.Allocate(context.Background(), []string{"a"}); return err }, callTimeout},
 		{"GetPreferredAllocation", func() error {
 			_, err := e.GetPreferredAllocation(context.Background(), nil, nil, 1)
 			return err
-		}, 50 * time.Millisecond},
-		{"PreStartContainer", func() error { _, err := e.PreStartContainer(context.Background(), nil); return err }, 60 * time.Millisecond},
+		}, callTimeout},
+		{"PreStartContainer", func() error { _, err := e.PreStartContainer(context.Background(), nil); return err }, preStartTimeout},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -252,11 +254,14 @@ func TestCallDeadlines(t *testing.T) {
 		})
 	}
 	// The recorded deadlines are the configured ones.
-	for _, m := range []plugintest.Method{plugintest.MethodAllocate, plugintest.MethodPreStartContainer} {
-		calls := p.CallsOf(m)
+	for _, tc := range []struct {
+		m    plugintest.Method
+		want time.Duration
+	}{{plugintest.MethodAllocate, callTimeout}, {plugintest.MethodGetPreferredAllocation, callTimeout}, {plugintest.MethodPreStartContainer, preStartTimeout}} {
+		calls := p.CallsOf(tc.m)
 		require.Len(t, calls, 1)
 		budget := calls[0].Deadline.Sub(calls[0].Time)
-		assert.LessOrEqual(t, budget, 60*time.Millisecond, m)
+		assert.LessOrEqual(t, budget, tc.want, tc.m)
 	}
 }
 
@@ -346,21 +351,25 @@ func TestDialFailures(t *testing.T) {
 
 	// A path that is not a socket fails before gRPC is involved, so its
 	// error carries no gRPC status; a socket where no plugin answers fails
-	// when the dial's deadline passes.
+	// when the dial's deadline passes. Only those cases wait the deadline
+	// out; the others have a long one, so that a server that answers is
+	// reached in time.
+	const long, short = 5 * time.Second, 300 * time.Millisecond
 	tests := []struct {
 		name, path, want string
 		code             codes.Code
+		timeout          time.Duration
 	}{
-		{"missing", filepath.Join(dir, "missing.sock"), "does not exist", codes.Unknown},
-		{"regular file", regular, "is not a unix socket", codes.Unknown},
-		{"directory", dir, "is not a unix socket", codes.Unknown},
-		{"not a device plugin", other, "failed to get device plugin options: " + other + ": rpc error: code = Unimplemented", codes.Unimplemented},
-		{"nobody listening", stale, "failed to dial device plugin", codes.DeadlineExceeded},
-		{"no gRPC server", silent, "failed to dial device plugin", codes.DeadlineExceeded},
+		{"missing", filepath.Join(dir, "missing.sock"), "does not exist", codes.Unknown, long},
+		{"regular file", regular, "is not a unix socket", codes.Unknown, long},
+		{"directory", dir, "is not a unix socket", codes.Unknown, long},
+		{"not a device plugin", other, "failed to get device plugin options: " + other + ": rpc error: code = Unimplemented", codes.Unimplemented, long},
+		{"nobody listening", stale, "failed to dial device plugin", codes.DeadlineExceeded, short},
+		{"no gRPC server", silent, "failed to dial device plugin", codes.DeadlineExceeded, short},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Dial(context.Background(), res, tc.path, Options{DialTimeout: 300 * time.Millisecond})
+			_, err := Dial(context.Background(), res, tc.path, Options{DialTimeout: tc.timeout})
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.want)
 			assert.Equal(t, tc.code, status.Code(unwrapStatus(err)), "%v", err)
@@ -375,7 +384,8 @@ func TestDialDeadlines(t *testing.T) {
 	release := p.Block(plugintest.MethodGetDevicePluginOptions)
 	defer release()
 
-	const timeout = 300 * time.Millisecond
+	// Long enough for the options call to reach the blocked plugin.
+	const timeout = 1500 * time.Millisecond
 	_, err := Dial(context.Background(), res, p.SocketPath(), Options{DialTimeout: timeout})
 	require.ErrorContains(t, err, "failed to get device plugin options")
 	assert.Equal(t, codes.DeadlineExceeded, status.Code(unwrapStatus(err)), "%v", err)

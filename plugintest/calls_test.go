@@ -182,10 +182,14 @@ func TestBlockUntilCallerDeadline(t *testing.T) {
 	ctx := testContext(t)
 	release := p.Block(MethodAllocate)
 	defer release()
+	// The connection is opened by a first call, so that the blocked call's
+	// deadline is spent in the plugin, not on the dial.
+	_, err := client.GetDevicePluginOptions(ctx, &pluginapi.Empty{})
+	require.NoError(t, err)
 
-	callCtx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	callCtx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	_, err := client.Allocate(callCtx, allocReq("a"))
+	_, err = client.Allocate(callCtx, allocReq("a"))
 	assert.Equal(t, codes.DeadlineExceeded, status.Code(err))
 	require.Len(t, p.CallsOf(MethodAllocate), 1)
 

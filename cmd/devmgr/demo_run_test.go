@@ -13,13 +13,17 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/openkubelet/devmgr/internal/leakwait"
 	"github.com/openkubelet/devmgr/testdata/demo"
 )
+
+// leakLimit is how long the demo's goroutines have to end once it returned.
+const leakLimit = 10 * time.Second
 
 // The demo in process: what it reports, and that it stops every goroutine
 // it started and removes its directory.
 func TestRunDemo(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	defer leakwait.VerifyNone(t, leakLimit, goleak.IgnoreCurrent())
 	tmp := emptyTempDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -131,7 +135,7 @@ func TestRunDemo(t *testing.T) {
 // Whatever step fails, the demo stops what it started and removes its
 // directory.
 func TestRunDemoCleansUpOnError(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	defer leakwait.VerifyNone(t, leakLimit, goleak.IgnoreCurrent())
 	for _, tc := range []struct {
 		name    string
 		tempDir func(t *testing.T) string

@@ -160,10 +160,17 @@ func capacityOf(m *devicemanager.ManagerImpl, res string) (capacity, allocatable
 
 func (e *env) waitCapacity(t *testing.T, res string, capacity, allocatable int64) {
 	t.Helper()
+	e.waitCapacityWithin(t, waitFor, res, capacity, allocatable)
+}
+
+// waitCapacityWithin is waitCapacity with its own limit, for work that takes
+// longer than the usual waits.
+func (e *env) waitCapacityWithin(t *testing.T, limit time.Duration, res string, capacity, allocatable int64) {
+	t.Helper()
 	require.Eventuallyf(t, func() bool {
 		c, a, ok := capacityOf(e.mgr, res)
 		return ok && c == capacity && a == allocatable
-	}, waitFor, tick, "resource %s never reached capacity %d allocatable %d", res, capacity, allocatable)
+	}, limit, tick, "resource %s never reached capacity %d allocatable %d", res, capacity, allocatable)
 }
 
 // pod builds a pod; containers come from ctr.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/openkubelet/devmgr/checkpoint"
 	"github.com/openkubelet/devmgr/devicemanager"
+	"github.com/openkubelet/devmgr/internal/leakwait"
 )
 
 // NewManagerImpl refuses a relative directory and touches no file.
@@ -290,5 +291,5 @@ func TestStopDuringHungAllocate(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return pl.openStreams() == 0 }, waitFor, tick, "Stop did not disconnect the plugin")
 	pl.stop()
-	goleak.VerifyNone(t, ignore)
+	leakwait.VerifyNone(t, waitFor, ignore)
 }

@@ -157,8 +157,12 @@ func TestLargeDeviceListAccepted(t *testing.T) {
 	for i := range n {
 		devs = append(devs, healthy(fmt.Sprintf("%s-%06d", pad, i)))
 	}
-	e.plugin(t, "p.sock", resGPU, nil, devs...)
-	e.waitCapacity(t, resGPU, n, n)
+	p := newFakePlugin(t, e.dir, "p.sock", resGPU, nil, devs...)
+	p.start(t)
+	require.NoError(t, registerPlugin(t, e.dir, p))
+	// Under the race detector on a busy machine, applying and checkpointing
+	// this many devices can outlast the usual waits.
+	e.waitCapacityWithin(t, time.Minute, resGPU, n, n)
 }
 
 // A message that leaves the healthy set unchanged costs no checkpoint write

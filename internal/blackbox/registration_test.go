@@ -161,7 +161,7 @@ func TestRegisterOptionsFetchedByRPC(t *testing.T) {
 
 // A failed dial-back is returned to the registering plugin.
 func TestRegisterFailsWhenPluginNotServing(t *testing.T) {
-	e := newEnv(t, func(o *devicemanager.Options) { o.DialTimeout = 300 * time.Millisecond })
+	e := newEnv(t, nil)
 	e.start(t)
 	err := register(t, e.dir, &pluginapi.RegisterRequest{Version: pluginapi.Version, Endpoint: "nobody.sock", ResourceName: resGPU})
 	require.Error(t, err)

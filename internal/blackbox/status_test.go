@@ -191,7 +191,7 @@ func TestUpdatePluginResources(t *testing.T) {
 // The plugin-watcher path: version and name validation with the kubelet's
 // messages, registration at the endpoint given, deregistration.
 func TestWatcherHandler(t *testing.T) {
-	e := newEnv(t, func(o *devicemanager.Options) { o.DialTimeout = 500 * time.Millisecond })
+	e := newEnv(t, nil)
 	e.start(t)
 	h := e.mgr.GetWatcherHandler()
 
