@@ -113,7 +113,7 @@ func TestMaxResources(t *testing.T) {
 	assert.InDelta(t, 1, testutil.ToFloat64(h.m.metrics.refused.WithLabelValues("", reasonResources)), 0)
 	_, err := reg.Gather()
 	require.NoError(t, err)
-	h.register(second) // a resource already served registers again
+	h.reregister(second) // a resource already served registers again
 
 	// Gone, then removed after the grace period: its place is free.
 	second.Stop()
@@ -137,7 +137,7 @@ func TestMaxInstancesPerResource(t *testing.T) {
 	h.requireOverLimit(third, res1, third.SocketPath(), "2 instances are connected", "(MaxInstancesPerResource) is 2")
 	assert.InDelta(t, 1, testutil.ToFloat64(h.m.metrics.refused.WithLabelValues(res1, reasonInstances)), 0)
 
-	h.register(first) // the same socket again replaces its instance
+	h.reregister(first) // the same socket again replaces its instance
 	h.waitCapacity(res1, 2, 2)
 }
 

@@ -177,6 +177,25 @@ func (h *harness) register(p *plugintest.Plugin) *plugintest.Plugin {
 	return p
 }
 
+// reregister registers p again on the socket of its connected instance and
+// waits until the instance that replaces it has received its first device
+// list. The capacity cannot show that when the list is the one the replaced
+// instance sent; p's list must name a device.
+func (h *harness) reregister(p *plugintest.Plugin) {
+	h.t.Helper()
+	require.NoError(h.t, p.Register(h.kubeletSocket()))
+	h.eventually(func() bool {
+		h.m.mu.Lock()
+		defer h.m.mu.Unlock()
+		r := h.m.resources[p.ResourceName()]
+		if r == nil {
+			return false
+		}
+		in := r.instances[p.SocketPath()]
+		return in != nil && in.ep.LastMessageBytes() > 0
+	}, "the new instance of %s received its device list", p.SocketPath())
+}
+
 // registered starts and registers a plugin.
 func (h *harness) registered(res string, devs []*pluginapi.Device, tune ...func(*plugintest.Options)) *plugintest.Plugin {
 	h.t.Helper()

@@ -215,7 +215,9 @@ func TestWaitForPluginNotPastTheGracePeriod(t *testing.T) {
 func TestWaitForPluginEndsWithTheGracePeriod(t *testing.T) {
 	h, pod := restartedWithoutPlugin(t, func(o *Options) { o.PluginWaitTimeout = time.Hour })
 	done := h.allocateAsync(context.Background(), pod)
-	h.waitWaiting()
+	// Two timers: the wait's own, then the grace period's. The fake clock
+	// fires a timer only when it steps past it, so the steps wait for both.
+	h.eventually(func() bool { return h.clock.Waiters() == 2 }, "Allocate waits for the plugin and the grace period")
 	h.clock.Step(DefaultStopGracePeriod - time.Second)
 	h.requireWaiting(done)
 	h.clock.Step(2 * time.Second)

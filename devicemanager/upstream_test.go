@@ -16,7 +16,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -312,6 +314,9 @@ func TestReRegistrationOnSameSocketReplacesConnection(t *testing.T) {
 	// The same instance registering again is also just a new connection.
 	require.NoError(t, restarted.Register(h.kubeletSocket()))
 	assert.Len(t, restarted.CallsOf(plugintest.MethodGetDevicePluginOptions), 2)
+	// The replaced connection's follower disconnects it, then ends: once
+	// only the new connection's is left, that disconnect has happened.
+	h.eventually(func() bool { return followers() == 1 }, "the replaced connection's follower has ended")
 	h.eventually(func() bool {
 		return len(restarted.CallsOf(plugintest.MethodListAndWatch)) == 2 && restarted.Streams() == 1
 	}, "one stream after re-registration")
@@ -323,6 +328,19 @@ func TestReRegistrationOnSameSocketReplacesConnection(t *testing.T) {
 	c, a := h.capacity(res1)
 	assert.Equal(t, int64(3), c)
 	assert.Equal(t, int64(3), a, "the old instance's disconnect did not mark the devices unhealthy")
+}
+
+// followers counts the goroutines, in every manager of the test binary,
+// that follow the stream of a plugin instance (ManagerImpl.follow).
+func followers() int {
+	buf := make([]byte, 1<<16)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Count(string(buf[:n]), ".(*ManagerImpl).follow(")
+		}
+		buf = make([]byte, 2*len(buf))
+	}
 }
 
 // Mirrors TestUpdateCapacityAllocatable: capacity counts every device,

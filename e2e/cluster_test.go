@@ -235,6 +235,44 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// errPortTaken: a component exited because a port it was given was taken.
+var errPortTaken = errors.New("port taken")
+
+// startAttempts is how many times onFreePorts starts a component.
+const startAttempts = 3
+
+// onFreePorts calls launch, which starts a component on ports and waits
+// until it serves, with n ports that were free a moment ago. Another process
+// may take one before the component binds it; launch then returns
+// errPortTaken, and is called again on new ports, startAttempts times in
+// all. launch names the logs and data of its attempt with attemptName.
+func onFreePorts(t *testing.T, n int, launch func(ports []int, attempt int) error) {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		ports := make([]int, n)
+		for i := range ports {
+			ports[i] = freePort(t)
+		}
+		err := launch(ports, attempt)
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, errPortTaken) || attempt == startAttempts {
+			t.Fatal(err)
+		}
+		t.Logf("%v: starting it again on other ports", err)
+	}
+}
+
+// attemptName is name for the first attempt, name-2 for the second, and so
+// on, so that no attempt overwrites the log or data of another.
+func attemptName(name string, attempt int) string {
+	if attempt == 1 {
+		return name
+	}
+	return fmt.Sprintf("%s-%d", name, attempt)
+}
+
 // cluster is etcd, kube-apiserver and kube-scheduler on loopback.
 type cluster struct {
 	dir        string
@@ -255,27 +293,31 @@ const token = "e2e-admin-token"
 func startCluster(t *testing.T, dir string) *cluster {
 	t.Helper()
 	c := &cluster{dir: dir}
-	etcdPort, peerPort := freePort(t), freePort(t)
-	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", etcdPort)
-	peerURL := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
-	etcd := start(t, dir, "etcd", etcdBin, "--name", "e2e", "--data-dir", filepath.Join(dir, "etcd"),
-		"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
-		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
-		"--initial-cluster", "e2e="+peerURL, "--unsafe-no-fsync", "--log-level", "warn")
-	waitHTTP(t, etcd, etcdURL+"/health", "")
+	var etcdURL string
+	onFreePorts(t, 2, func(ports []int, attempt int) error {
+		etcdURL = fmt.Sprintf("http://127.0.0.1:%d", ports[0])
+		peerURL := fmt.Sprintf("http://127.0.0.1:%d", ports[1])
+		name := attemptName("etcd", attempt)
+		etcd := start(t, dir, name, etcdBin, "--name", "e2e", "--data-dir", filepath.Join(dir, name),
+			"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
+			"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
+			"--initial-cluster", "e2e="+peerURL, "--unsafe-no-fsync", "--log-level", "warn")
+		return awaitHTTP(etcd, etcdURL+"/health", "")
+	})
 
 	pub, priv := serviceAccountKeys(t, dir)
 	tokens := filepath.Join(dir, "tokens.csv")
 	writeFile(t, tokens, token+`,admin,admin-uid,"system:masters"`+"\n")
-	apiPort := freePort(t)
-	c.apiserverArgs = []string{"--etcd-servers", etcdURL, "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
-		"--secure-port", fmt.Sprint(apiPort), "--cert-dir", filepath.Join(dir, "apiserver-certs"),
-		"--token-auth-file", tokens, "--authorization-mode", "AlwaysAllow",
-		"--service-account-issuer", "https://kubernetes.default.svc", "--service-account-key-file", pub,
-		"--service-account-signing-key-file", priv, "--service-cluster-ip-range", "10.96.0.0/24",
-		"--endpoint-reconciler-type", "none"}
-	c.server = fmt.Sprintf("https://127.0.0.1:%d", apiPort)
-	c.startAPIServer(t, "kube-apiserver")
+	onFreePorts(t, 1, func(ports []int, attempt int) error {
+		c.apiserverArgs = []string{"--etcd-servers", etcdURL, "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+			"--secure-port", fmt.Sprint(ports[0]), "--cert-dir", filepath.Join(dir, "apiserver-certs"),
+			"--token-auth-file", tokens, "--authorization-mode", "AlwaysAllow",
+			"--service-account-issuer", "https://kubernetes.default.svc", "--service-account-key-file", pub,
+			"--service-account-signing-key-file", priv, "--service-cluster-ip-range", "10.96.0.0/24",
+			"--endpoint-reconciler-type", "none"}
+		c.server = fmt.Sprintf("https://127.0.0.1:%d", ports[0])
+		return c.launchAPIServer(t, attemptName("kube-apiserver", attempt))
+	})
 
 	c.kubeconfig = filepath.Join(dir, "kubeconfig")
 	writeFile(t, c.kubeconfig, fmt.Sprintf(`apiVersion: v1
@@ -292,10 +334,10 @@ current-context: e2e
 	if c.client, err = kubernetes.NewForConfig(rc); err != nil {
 		t.Fatal(err)
 	}
+	// The scheduler serves no port (--secure-port 0): the tests read
+	// nothing from it.
 	c.scheduler = start(t, dir, "kube-scheduler", schedulerBin,
-		"--kubeconfig", c.kubeconfig, "--authentication-kubeconfig", c.kubeconfig, "--authorization-kubeconfig", c.kubeconfig,
-		"--leader-elect=false", "--bind-address", "127.0.0.1", "--secure-port", fmt.Sprint(freePort(t)),
-		"--cert-dir", filepath.Join(dir, "scheduler-certs"))
+		"--kubeconfig", c.kubeconfig, "--leader-elect=false", "--secure-port", "0")
 	return c
 }
 
@@ -304,14 +346,22 @@ current-context: e2e
 // restarts.
 func (c *cluster) startAPIServer(t *testing.T, name string) {
 	t.Helper()
-	c.apiserver = start(t, c.dir, name, apiserverBin, c.apiserverArgs...)
-	waitHTTP(t, c.apiserver, c.server+"/readyz", token)
+	if err := c.launchAPIServer(t, name); err != nil {
+		t.Fatal(err)
+	}
 }
 
-// waitHTTP waits up to a minute for url to answer 200 (with a bearer
-// token when one is given), failing at once if p exits.
-func waitHTTP(t *testing.T, p *process, url, bearer string) {
+// launchAPIServer is startAPIServer returning its error.
+func (c *cluster) launchAPIServer(t *testing.T, name string) error {
 	t.Helper()
+	c.apiserver = start(t, c.dir, name, apiserverBin, c.apiserverArgs...)
+	return awaitHTTP(c.apiserver, c.server+"/readyz", token)
+}
+
+// awaitHTTP waits up to a minute for url to answer 200 (with a bearer
+// token when one is given). It returns an error at once if p exits,
+// wrapping errPortTaken when p said a port was taken.
+func awaitHTTP(p *process, url, bearer string) error {
 	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // the components' own self-signed certificates
 	}}
@@ -323,7 +373,7 @@ func waitHTTP(t *testing.T, p *process, url, bearer string) {
 	for {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
 		if bearer != "" {
 			req.Header.Set("Authorization", "Bearer "+bearer)
@@ -332,16 +382,20 @@ func waitHTTP(t *testing.T, p *process, url, bearer string) {
 		if err == nil {
 			_ = resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return
+				return nil
 			}
 			err = errors.New(resp.Status)
 		}
 		last = err
 		select {
 		case <-p.exited:
-			t.Fatalf("%s exited (%s)", p.name, p.cmd.ProcessState)
+			err := fmt.Errorf("%s exited (%s)", p.name, p.cmd.ProcessState)
+			if strings.Contains(p.output(), "address already in use") {
+				return fmt.Errorf("%w: %w", errPortTaken, err)
+			}
+			return err
 		case <-ctx.Done():
-			t.Fatalf("%s: %s did not answer 200 within a minute: %v", p.name, url, last)
+			return fmt.Errorf("%s: %s did not answer 200 within a minute: %w", p.name, url, last)
 		case <-tick.C:
 		}
 	}

@@ -115,13 +115,14 @@ type capacityGetter interface {
 	GetCapacity(klog.Logger) (v1.ResourceList, v1.ResourceList, []string)
 }
 
-// waitAllocatable waits until m counts want allocatable devices of gpu.
+// waitAllocatable waits until m reports gpu with want allocatable devices.
+// The resource must be reported: an absent one is not one at 0.
 func waitAllocatable(t *testing.T, m capacityGetter, want int64) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		_, allocatable, _ := m.GetCapacity(logger)
-		q := allocatable[gpu]
-		return q.Value() == want
+		q, ok := allocatable[gpu]
+		return ok && q.Value() == want
 	}, waitFor, 5*time.Millisecond, "allocatable %s never reached %d", gpu, want)
 }
 

@@ -48,8 +48,11 @@ const (
 	kindRead    = "malformed answer read as documented"
 )
 
-// shortTimeout is CallTimeout, PreStartTimeout and DialTimeout of the hang
-// cases: the deadlines must fire, soon.
+// shortTimeout is the deadline of the call a hang case blocks (CallTimeout
+// or PreStartTimeout): it must fire, soon. The case's other deadlines keep
+// their defaults, so that what must succeed meanwhile is not held to it.
+// DialTimeout keeps its default even where the options call hangs: it also
+// bounds connecting, and every registration of the case is held to it.
 const shortTimeout = 250 * time.Millisecond
 
 // faultCase is one injected fault: run injects it into a started rig with a
@@ -78,7 +81,7 @@ func TestPluginFaults(t *testing.T) {
 	cases := slices.Concat(deathCases(), hangCases(), answerCases())
 	fig := Figures{Category: "plugin faults"}
 	defer recordOnExit(t, &fig, time.Now())
-	fig.param("call deadline of the hang cases", shortTimeout.String())
+	fig.param("deadline of the hung Allocate, GetPreferredAllocation and PreStartContainer calls", shortTimeout.String())
 	injected, seen := observed{}, observed{}
 	var leakedFDs, leakedGoroutines, failed int
 	for _, tc := range cases {
@@ -206,8 +209,13 @@ func longTimeouts(o *devicemanager.Options) {
 	o.RequirePlugin = []string{resGPU}
 }
 
-func shortTimeouts(o *devicemanager.Options) {
-	o.CallTimeout, o.PreStartTimeout, o.DialTimeout = shortTimeout, shortTimeout, shortTimeout
+func shortCalls(o *devicemanager.Options) {
+	o.CallTimeout = shortTimeout
+	o.RequirePlugin = []string{resGPU}
+}
+
+func shortPreStart(o *devicemanager.Options) {
+	o.PreStartTimeout = shortTimeout
 	o.RequirePlugin = []string{resGPU}
 }
 
@@ -384,7 +392,8 @@ func deathCases() []faultCase {
 // manager's deadlines fire, and everything else keeps working meanwhile.
 func hangCases() []faultCase {
 	return []faultCase{{
-		name: "hangs in GetDevicePluginOptions", kind: kindHang, opts: shortTimeouts,
+		// The registration waits the default DialTimeout.
+		name: "hangs in GetDevicePluginOptions", kind: kindHang, opts: requireGPU,
 		run: func(t *testing.T, r *rig, seen observed) {
 			p := r.plugin(resGPU, "gpu.sock", healthyDevices("d", 4))
 			release := p.Block(plugintest.MethodGetDevicePluginOptions)
@@ -406,7 +415,7 @@ func hangCases() []faultCase {
 		// A stream has no deadline: it lives as long as the plugin. Until
 		// its first message the resource is not ready, and the rest is
 		// usable.
-		name: "hangs in ListAndWatch", kind: kindHang, opts: shortTimeouts,
+		name: "hangs in ListAndWatch", kind: kindHang, opts: requireGPU,
 		run: func(t *testing.T, r *rig, seen observed) {
 			p := r.plugin(resGPU, "gpu.sock", healthyDevices("d", 4))
 			release := p.Block(plugintest.MethodListAndWatch)
@@ -430,7 +439,7 @@ func hangCases() []faultCase {
 		},
 	}, {
 		// A preference that does not come in time is no preference.
-		name: "hangs in GetPreferredAllocation", kind: kindHang, opts: withMetrics(shortTimeouts),
+		name: "hangs in GetPreferredAllocation", kind: kindHang, opts: withMetrics(shortCalls),
 		run: func(t *testing.T, r *rig, seen observed) {
 			p := r.register(r.plugin(resGPU, "gpu.sock", healthyDevices("d", 4), withPreferred))
 			release := p.Block(plugintest.MethodGetPreferredAllocation)
@@ -447,7 +456,7 @@ func hangCases() []faultCase {
 				"the manager counts the call that hit its deadline"))
 		},
 	}, {
-		name: "hangs in Allocate", kind: kindHang, opts: shortTimeouts,
+		name: "hangs in Allocate", kind: kindHang, opts: shortCalls,
 		run: func(t *testing.T, r *rig, seen observed) {
 			p := r.register(r.plugin(resGPU, "gpu.sock", healthyDevices("d", 4)))
 			release := p.Block(plugintest.MethodAllocate)
@@ -466,7 +475,7 @@ func hangCases() []faultCase {
 			requireAllFree(t, r, "all", resGPU, 4)
 		},
 	}, {
-		name: "hangs in PreStartContainer", kind: kindHang, opts: shortTimeouts,
+		name: "hangs in PreStartContainer", kind: kindHang, opts: shortPreStart,
 		run: func(t *testing.T, r *rig, seen observed) {
 			p := r.register(r.plugin(resGPU, "gpu.sock", healthyDevices("d", 4), withPreStart))
 			a := podOf("a", resGPU, 2)

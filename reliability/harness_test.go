@@ -669,7 +669,7 @@ const (
 // Lines the plugin child writes on stdout, its only output there.
 const (
 	lineReady        = "ready"         // registered
-	lineReregistered = "re-registered" // registered again on request
+	lineReregistered = "re-registered" // registered again on request, the new stream opened
 	lineHangPrefix   = "hang "         // + method: a call arrived and hangs
 )
 
@@ -683,7 +683,9 @@ type childConfig struct {
 
 // runPluginChild is the plugin child's main: it serves a plugintest plugin,
 // registers with the manager, writes lineReady, then on each "reregister"
-// line of stdin registers again; it stops when stdin ends (the parent closed
+// line of stdin registers again and writes lineReregistered once the new
+// connection has opened its ListAndWatch stream (the capacity does not
+// change: its list is the same); it stops when stdin ends (the parent closed
 // it or died). A call of the method named by envChildHang writes
 // lineHangPrefix+method and hangs until the caller gives up: the parent kills
 // the process meanwhile.
@@ -760,7 +762,11 @@ func runPluginChild() int {
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
 		if in.Text() == "reregister" {
+			streams := len(p.CallsOf(plugintest.MethodListAndWatch))
 			if err := p.Register(kubelet); err != nil {
+				return fail(err)
+			}
+			if _, err := p.WaitForCalls(ctx, plugintest.MethodListAndWatch, streams+1); err != nil {
 				return fail(err)
 			}
 			say(lineReregistered)
@@ -884,7 +890,8 @@ func (c *pluginChild) expect(line string) {
 	}
 }
 
-// reregister asks the child to register again and waits until it has.
+// reregister asks the child to register again and waits until it has and
+// the new connection has opened its ListAndWatch stream.
 func (c *pluginChild) reregister() {
 	c.t.Helper()
 	c.mu.Lock()

@@ -418,6 +418,15 @@ func TestCheckpointKeepsUnhealthyResourceAsEmptyList(t *testing.T) {
 		return ok && has && l != nil && len(l) == 0
 	}, waitFor, tick, "all-unhealthy resource must be written as []")
 	pl.stop()
+	// The capacity is 1/0 already: the stopped endpoint shows the plugin gone.
+	require.Eventually(t, func() bool {
+		for _, r := range e.mgr.Status() {
+			if r.Name == resGPU {
+				return len(r.Endpoints) == 1 && r.Endpoints[0].Stopped
+			}
+		}
+		return false
+	}, waitFor, tick, "the manager sees the plugin gone")
 	e.waitCapacity(t, resGPU, 1, 0)
 	require.NoError(t, e.mgr.Stop())
 
