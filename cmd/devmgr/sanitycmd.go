@@ -55,6 +55,9 @@ checked). A failure names the rule and what the plugin sent.
 list-and-watch/update is always skipped here: it needs a way to make the
 plugin send a new list, which only a Go test gives (sanity.Config.TriggerUpdate).
 
+The checks, in the order they run (the names --skip matches):
+` + checkList() + `
+
 sanity refuses a DIR whose kubelet.sock accepts connections, so it never
 takes over the directory of a running kubelet.
 
@@ -89,6 +92,24 @@ regular expression); 4 no plugin (or none for --resource) registered within
 		panic(err) // a flag defined above
 	}
 	return cmd
+}
+
+// checkList is sanity.Checks() for the help text: the checks of a group on
+// one indented line.
+func checkList() string {
+	var lines []string
+	group := ""
+	for _, name := range sanity.Checks() {
+		g, _, _ := strings.Cut(name, "/")
+		if g != group {
+			lines = append(lines, "  ")
+			group = g
+		} else {
+			lines[len(lines)-1] += " "
+		}
+		lines[len(lines)-1] += name
+	}
+	return strings.Join(lines, "\n")
 }
 
 func runSanity(cmd *cobra.Command, o *sanityOptions) error {

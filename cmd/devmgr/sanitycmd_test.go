@@ -328,3 +328,13 @@ func TestSanityCommandNUMANodes(t *testing.T) {
 		})
 	}
 }
+
+// The help names every check, in the order they run, for --skip.
+func TestSanityHelpListsTheChecks(t *testing.T) {
+	res := devmgr(t, "", "sanity", "--help")
+	require.Equal(t, exitOK, res.code, res.stderr)
+	_, list, found := strings.Cut(res.stdout, "The checks, in the order they run (the names --skip matches):\n")
+	require.True(t, found, res.stdout)
+	list, _, _ = strings.Cut(list, "\n\n")
+	assert.Equal(t, sanity.Checks(), strings.Fields(list))
+}
