@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -266,6 +267,17 @@ func becomeReadyNode(t *testing.T, ctx context.Context, c *cluster) {
 			WithReason("AgentReady").WithLastHeartbeatTime(now).WithLastTransitionTime(now)))
 	if _, err := c.client.CoreV1().Nodes().ApplyStatus(ctx, status, metav1.ApplyOptions{FieldManager: agent, Force: true}); err != nil {
 		t.Fatal(err)
+	}
+	node, err := c.client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every new Node, --register-node's too, starts with the API server's
+	// not-ready taint; the README tells agents so.
+	if !slices.ContainsFunc(node.Spec.Taints, func(tn v1.Taint) bool {
+		return tn.Key == v1.TaintNodeNotReady && tn.Effect == v1.TaintEffectNoSchedule
+	}) {
+		t.Fatalf("the new Node has no %s:NoSchedule taint: %v", v1.TaintNodeNotReady, node.Spec.Taints)
 	}
 	if _, err := c.client.CoreV1().Nodes().Patch(ctx, nodeName, types.MergePatchType, []byte(`{"spec":{"taints":null}}`),
 		metav1.PatchOptions{FieldManager: agent}); err != nil {
