@@ -16,11 +16,20 @@ type HintProvider interface {
 	GetTopologyHints(pod *v1.Pod, container *v1.Container) map[string][]topology.Hint
 }
 
-// ErrNilContainer is returned by Store.Admit for a nil pod or container.
+// PodHintProvider gives the topology hints of a whole pod's resources, as
+// devicemanager.ManagerImpl does (the kubelet's topologymanager.HintProvider,
+// pod scope).
+type PodHintProvider interface {
+	GetPodTopologyHints(pod *v1.Pod) map[string][]topology.Hint
+}
+
+// ErrNilContainer is returned by Store.Admit for a nil pod or container, and
+// by Store.AdmitPod for a nil pod.
 var ErrNilContainer = errors.New("admission needs a pod and a container")
 
 // AffinityError is returned by Store.Admit when the policy refuses a
-// container. Its message is the kubelet's; Reason is the kubelet's admission
+// container, and by Store.AdmitPod when it refuses a pod (ContainerName is
+// then empty). Its message is the kubelet's; Reason is the kubelet's admission
 // reason. Its Is method matches any AffinityError, so
 // errors.Is(err, &AffinityError{}) reports a refusal; use errors.As to read
 // the fields.
@@ -135,5 +144,35 @@ func (s *Store) Admit(p Policy, pod *v1.Pod, container *v1.Container, providers 
 		return topology.Hint{}, &AffinityError{Policy: p.Name(), PodUID: string(pod.UID), ContainerName: container.Name, Hint: best}
 	}
 	s.SetAffinity(string(pod.UID), container.Name, best)
+	return best, nil
+}
+
+// AdmitPod runs one pod admission, as the kubelet's pod scope does: it asks
+// every provider for the pod's hints, merges them with p and, if p admits the
+// result, records it for every init and app container of the pod and returns
+// it. If p refuses, it records nothing and returns an *AffinityError. Under
+// None it asks no provider and records nothing. Nil providers are skipped.
+func (s *Store) AdmitPod(p Policy, pod *v1.Pod, providers ...PodHintProvider) (topology.Hint, error) {
+	if pod == nil {
+		return topology.Hint{}, ErrNilContainer
+	}
+	if p.Name() == None {
+		return topology.Hint{}, nil
+	}
+	hints := make([]map[string][]topology.Hint, 0, len(providers))
+	for _, hp := range providers {
+		if hp != nil {
+			hints = append(hints, hp.GetPodTopologyHints(pod))
+		}
+	}
+	best, admit := p.Merge(hints)
+	if !admit {
+		return topology.Hint{}, &AffinityError{Policy: p.Name(), PodUID: string(pod.UID), Hint: best}
+	}
+	for _, cs := range [][]v1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for i := range cs {
+			s.SetAffinity(string(pod.UID), cs[i].Name, best)
+		}
+	}
 	return best, nil
 }

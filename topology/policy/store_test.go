@@ -26,6 +26,12 @@ func (f *fakeProvider) GetTopologyHints(_ *v1.Pod, _ *v1.Container) map[string][
 	return f.hints
 }
 
+// GetPodTopologyHints makes fakeProvider a PodHintProvider too.
+func (f *fakeProvider) GetPodTopologyHints(*v1.Pod) map[string][]topology.Hint {
+	f.calls++
+	return f.hints
+}
+
 func testPod(uid string) *v1.Pod {
 	return &v1.Pod{ObjectMeta: metav1.ObjectMeta{UID: types.UID(uid)}}
 }
@@ -152,6 +158,53 @@ func TestStoreAdmit(t *testing.T) {
 		_, err := s.Admit(mustPolicy(t, BestEffort, 0), nil, ctr)
 		require.ErrorIs(t, err, ErrNilContainer)
 		_, err = s.Admit(mustPolicy(t, BestEffort, 0), pod, nil)
+		require.ErrorIs(t, err, ErrNilContainer)
+	})
+}
+
+// AdmitPod merges the pod's hints once and records the result for every
+// init and app container; a refusal records nothing.
+func TestStoreAdmitPod(t *testing.T) {
+	gpu := &fakeProvider{hints: res("gpu", []topology.Hint{hint(true, 0), hint(true, 1), hint(false, 0, 1)})}
+	nic := &fakeProvider{hints: res("nic", []topology.Hint{hint(true, 1), hint(false, 0, 1)})}
+	farNIC := &fakeProvider{hints: res("nic", []topology.Hint{hint(false, 0, 1)})}
+	pod := testPod("uid-1")
+	pod.Spec.InitContainers = []v1.Container{{Name: "init"}}
+	pod.Spec.Containers = []v1.Container{{Name: "a"}, {Name: "b"}}
+
+	t.Run("admitted: recorded for every container", func(t *testing.T) {
+		s := NewStore()
+		calls := gpu.calls
+		got, err := s.AdmitPod(mustPolicy(t, Restricted, 0, 1), pod, gpu, nil, nic)
+		require.NoError(t, err)
+		assert.Equal(t, hint(true, 1), got)
+		assert.Equal(t, 1, gpu.calls-calls, "the pod's hints are asked once")
+		for _, name := range []string{"init", "a", "b"} {
+			assert.Equal(t, hint(true, 1), s.GetAffinity("uid-1", name), name)
+		}
+	})
+
+	t.Run("refused: typed error naming no container, nothing recorded", func(t *testing.T) {
+		s := NewStore()
+		_, err := s.AdmitPod(mustPolicy(t, Restricted, 0, 1), pod, gpu, farNIC)
+		var ae *AffinityError
+		require.ErrorAs(t, err, &ae)
+		assert.Equal(t, AffinityError{Policy: Restricted, PodUID: "uid-1", Hint: hint(false, 0, 1)}, *ae)
+		assert.Empty(t, s.pods)
+	})
+
+	t.Run("none asks no provider and records nothing", func(t *testing.T) {
+		s := NewStore()
+		p := &fakeProvider{hints: gpu.hints}
+		got, err := s.AdmitPod(mustPolicy(t, None), pod, p)
+		require.NoError(t, err)
+		assert.Equal(t, topology.Hint{}, got)
+		assert.Zero(t, p.calls)
+		assert.Empty(t, s.pods)
+	})
+
+	t.Run("nil pod", func(t *testing.T) {
+		_, err := NewStore().AdmitPod(mustPolicy(t, BestEffort, 0), nil)
 		require.ErrorIs(t, err, ErrNilContainer)
 	})
 }
