@@ -54,11 +54,18 @@ var ErrAdmissionInProgress = errors.New("admission in progress")
 // AdmitError reports the container whose admission failed. The pod holds
 // nothing afterwards.
 type AdmitError struct {
+	// Container is empty when the pod as a whole was refused: by the
+	// topology policy in the pod scope (SetPodTopology).
 	Container string
 	Err       error
 }
 
-func (e *AdmitError) Error() string { return fmt.Sprintf("container %q: %v", e.Container, e.Err) }
+func (e *AdmitError) Error() string {
+	if e.Container == "" {
+		return fmt.Sprintf("pod: %v", e.Err)
+	}
+	return fmt.Sprintf("container %q: %v", e.Container, e.Err)
+}
 
 // Unwrap returns the manager's error.
 func (e *AdmitError) Unwrap() error { return e.Err }
@@ -204,6 +211,9 @@ func (adm *Admitter) Admit(ctx context.Context, pod *v1.Pod) (*Admission, error)
 
 func admit(ctx context.Context, mgr Manager, align *alignment, pod *v1.Pod) (*Admission, error) {
 	a := &Admission{UID: pod.UID, Name: pod.Name, Namespace: pod.Namespace}
+	if err := align.admitPod(pod); err != nil {
+		return nil, &AdmitError{Err: err}
+	}
 	containers := containersOf(pod)
 	for _, c := range containers {
 		if err := align.admit(pod, c); err != nil {

@@ -19,6 +19,11 @@
 //     A pod whose plugin is not ready yet waits for it (the manager's
 //     Options.PluginWaitTimeout) before its turn, holding up no other pod.
 //
+// The topology policy runs in the container scope (SetTopology: each
+// container's hints merged before its allocation) or in the pod scope
+// (SetPodTopology: the whole pod's hints merged once, the one affinity given
+// to every container), as the kubelet's --topology-manager-scope.
+//
 // Admission is all or nothing: when a container is refused, by the policy or
 // by the manager, what the pod's earlier containers got is released before
 // Admit returns. Release frees an admitted pod's devices.

@@ -32,6 +32,7 @@ type extraOptions struct {
 	metricsAddress     string
 	pluginsRegistryDir string
 	topologyPolicy     string
+	topologyScope      string
 }
 
 func (o *extraOptions) addFlags(f *pflag.FlagSet) {
@@ -40,6 +41,7 @@ func (o *extraOptions) addFlags(f *pflag.FlagSet) {
 	f.IntVar(&o.podresourcesBurst, "podresources-burst", podresources.DefaultBurst, "podresources calls allowed at once, above --podresources-qps")
 	f.StringVar(&o.metricsAddress, "metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, such as 127.0.0.1:9400 (port 0 picks a free port; the bound address is logged; default: not served)")
 	f.StringVar(&o.topologyPolicy, "topology-policy", policy.None, "the topology manager policy applied to admissions: none, best-effort, restricted or single-numa-node (hints from the device manager, over --numa-nodes); the chosen NUMA affinity aligns the allocation")
+	f.StringVar(&o.topologyScope, "topology-scope", scopeContainer, "the scope of --topology-policy: container (each container aligned on its own, as it is admitted) or pod (one affinity for all of a pod's containers, from their requests together), as the kubelet's --topology-manager-scope")
 	f.StringVar(&o.pluginsRegistryDir, "plugins-registry-dir", "", "also accept plugins that register through the pluginregistration protocol in this directory, as the kubelet's /var/lib/kubelet/plugins_registry (default: only kubelet.sock)")
 }
 
@@ -54,10 +56,17 @@ type extraConfig struct {
 	pluginsRegistryDir string
 	metrics            *prometheus.Registry
 	// policy is the topology policy; store records its decisions (nil for
-	// the none policy).
-	policy policy.Policy
-	store  *policy.Store
+	// the none policy). podScope: one affinity per pod.
+	policy   policy.Policy
+	store    *policy.Store
+	podScope bool
 }
+
+// The values of --topology-scope.
+const (
+	scopeContainer = "container"
+	scopePod       = "pod"
+)
 
 func (o *extraOptions) config(base serveConfig) (extraConfig, error) {
 	cfg := extraConfig{metricsAddress: o.metricsAddress}
@@ -100,6 +109,13 @@ func (o *extraOptions) config(base serveConfig) (extraConfig, error) {
 	cfg.policy = p
 	if p.Name() != policy.None {
 		cfg.store = policy.NewStore()
+	}
+	switch o.topologyScope {
+	case scopeContainer, "":
+	case scopePod:
+		cfg.podScope = true
+	default:
+		return cfg, fmt.Errorf("--topology-scope: unknown scope %q: want %s or %s", o.topologyScope, scopeContainer, scopePod)
 	}
 	if o.metricsAddress != "" {
 		if _, _, err := net.SplitHostPort(o.metricsAddress); err != nil {

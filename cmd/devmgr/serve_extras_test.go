@@ -211,6 +211,7 @@ func TestServeExtraFlagErrors(t *testing.T) {
 		{[]string{"--podresources-socket", filepath.Join(dir, strings.Repeat("p", 120))}, "a unix socket path holds at most 107"},
 		{[]string{"--metrics-address", "no-port"}, "--metrics-address"},
 		{[]string{"--topology-policy", "strict"}, `--topology-policy: unknown policy: "strict"`},
+		{[]string{"--topology-scope", "node"}, `--topology-scope: unknown scope "node": want container or pod`},
 		{[]string{"--podresources-burst", "0"}, "--podresources-burst must be at least 1 with a --podresources-qps limit, not 0"},
 	} {
 		fails(t, nil, append([]string{"serve", "--socket-dir", sockDir, "--control-socket", filepath.Join(dir, "c.sock")}, tc.args...), tc.want)
@@ -260,6 +261,53 @@ func TestServeTopologyPolicy(t *testing.T) {
 				assert.NotEqual(t, 0, res.code)
 				assert.Contains(t, res.stdout, "Resources cannot be allocated with Topology locality")
 				assert.Contains(t, res.stdout, `"reason": "TopologyAffinityError"`)
+			}
+		})
+	}
+}
+
+// --topology-scope pod aligns all of a pod's containers to one affinity,
+// from their requests together: under single-numa-node a pod whose two
+// containers ask for 2 and 1 devices is refused on two nodes of two devices
+// each, where the container scope places each container on a node of its
+// own; a pod of 1 and 1 gets both devices on one node.
+func TestServeTopologyScope(t *testing.T) {
+	devs := []*pluginapi.Device{
+		{ID: "a0", Health: pluginapi.Healthy, Topology: numa(0)}, {ID: "a1", Health: pluginapi.Healthy, Topology: numa(0)},
+		{ID: "b0", Health: pluginapi.Healthy, Topology: numa(1)}, {ID: "b1", Health: pluginapi.Healthy, Topology: numa(1)},
+	}
+	twoContainers := func(uid string, x, y int) string {
+		limits := func(n int) string { return `{"limits":{"example.com/gpu":"` + strconv.Itoa(n) + `"}}` }
+		return `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"` + uid + `","uid":"` + uid + `"},
+"spec":{"containers":[{"name":"x","resources":` + limits(x) + `},{"name":"y","resources":` + limits(y) + `}]}}`
+	}
+	for _, scope := range []string{"container", "pod"} {
+		t.Run(scope, func(t *testing.T) {
+			dir := shortTempDir(t)
+			sockDir := filepath.Join(dir, "dp")
+			s := startServe(t, filepath.Join(dir, "ctl.sock"), "--socket-dir", sockDir,
+				"--numa-nodes", "0,1", "--topology-policy", "single-numa-node", "--topology-scope", scope)
+			startPlugin(t, sockDir, devs)
+			c := newAPIClient(t, s.ctl)
+			c.waitStatus("devices", func(st statusResponse) bool { r := st.resource(gpu); return r != nil && r.Allocatable == 4 })
+
+			res := run(t, strings.NewReader(twoContainers("p1", 2, 1)), "admit", "--control-socket", s.ctl, "-f", "-", "--json")
+			if scope == "container" {
+				require.Equal(t, 0, res.code, res.stdout+res.stderr)
+				ok(t, nil, "release", "--control-socket", s.ctl, "p1")
+			} else {
+				assert.NotEqual(t, 0, res.code)
+				assert.Contains(t, res.stdout, `"error": "Resources cannot be allocated with Topology locality"`)
+				assert.Contains(t, res.stdout, `"reason": "TopologyAffinityError"`)
+			}
+
+			// One device taken on node 0 first: in the pod scope the pod of
+			// 1 and 1 goes to node 1 whole.
+			ok(t, strings.NewReader(gpuPod("p2", 1)), "admit", "--control-socket", s.ctl, "-f", "-", "--json")
+			pair := ok(t, strings.NewReader(twoContainers("p3", 1, 1)), "admit", "--control-socket", s.ctl, "-f", "-", "--json")
+			if scope == "pod" {
+				assert.Contains(t, pair.stdout, `"b0"`)
+				assert.Contains(t, pair.stdout, `"b1"`)
 			}
 		})
 	}

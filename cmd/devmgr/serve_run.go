@@ -93,7 +93,10 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 		return nil, err
 	}
 	adm := podadmit.New(mgr)
-	if cfg.store != nil {
+	switch {
+	case cfg.store != nil && cfg.podScope:
+		adm.SetPodTopology(cfg.store, cfg.policy, mgr)
+	case cfg.store != nil:
 		adm.SetTopology(cfg.store, cfg.policy, mgr)
 	}
 	// Until the admitted pods are back, the manager must not collect their
