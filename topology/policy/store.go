@@ -133,13 +133,9 @@ func (s *Store) Admit(p Policy, pod *v1.Pod, container *v1.Container, providers 
 	if p.Name() == None {
 		return topology.Hint{}, nil
 	}
-	hints := make([]map[string][]topology.Hint, 0, len(providers))
-	for _, hp := range providers {
-		if hp != nil {
-			hints = append(hints, hp.GetTopologyHints(pod, container))
-		}
-	}
-	best, admit := p.Merge(hints)
+	best, admit := merge(p, providers, func(hp HintProvider) map[string][]topology.Hint {
+		return hp.GetTopologyHints(pod, container)
+	})
 	if !admit {
 		return topology.Hint{}, &AffinityError{Policy: p.Name(), PodUID: string(pod.UID), ContainerName: container.Name, Hint: best}
 	}
@@ -159,13 +155,9 @@ func (s *Store) AdmitPod(p Policy, pod *v1.Pod, providers ...PodHintProvider) (t
 	if p.Name() == None {
 		return topology.Hint{}, nil
 	}
-	hints := make([]map[string][]topology.Hint, 0, len(providers))
-	for _, hp := range providers {
-		if hp != nil {
-			hints = append(hints, hp.GetPodTopologyHints(pod))
-		}
-	}
-	best, admit := p.Merge(hints)
+	best, admit := merge(p, providers, func(hp PodHintProvider) map[string][]topology.Hint {
+		return hp.GetPodTopologyHints(pod)
+	})
 	if !admit {
 		return topology.Hint{}, &AffinityError{Policy: p.Name(), PodUID: string(pod.UID), Hint: best}
 	}
@@ -175,4 +167,17 @@ func (s *Store) AdmitPod(p Policy, pod *v1.Pod, providers ...PodHintProvider) (t
 		}
 	}
 	return best, nil
+}
+
+// merge asks each provider that is not nil for its hints and merges them
+// with p.
+func merge[P comparable](p Policy, providers []P, hintsOf func(P) map[string][]topology.Hint) (topology.Hint, bool) {
+	var none P
+	hints := make([]map[string][]topology.Hint, 0, len(providers))
+	for _, hp := range providers {
+		if hp != none {
+			hints = append(hints, hintsOf(hp))
+		}
+	}
+	return p.Merge(hints)
 }
