@@ -37,7 +37,10 @@ func (allSourcesReady) AllReady() bool   { return true }
 // hands it the topology manager as its store and registers it as a hint
 // provider. The topology manager's admission then allocates through devmgr.
 func ExampleNew() {
-	dir, _ := os.MkdirTemp("", "kc")
+	dir, err := os.MkdirTemp("", "kc")
+	if err != nil {
+		panic(err)
+	}
 	defer os.RemoveAll(dir)
 	log := logr.Discard()
 	ctx := context.Background()
@@ -77,19 +80,31 @@ func ExampleNew() {
 	numa := func(n int64) *pluginapi.TopologyInfo {
 		return &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: n}}}
 	}
-	plugin, _ := plugintest.New(plugintest.Options{ResourceName: "example.com/gpu", SocketDir: dir, Devices: []*pluginapi.Device{
+	plugin, err := plugintest.New(plugintest.Options{ResourceName: "example.com/gpu", SocketDir: dir, Devices: []*pluginapi.Device{
 		{ID: "gpu-a", Health: pluginapi.Healthy, Topology: numa(0)},
 		{ID: "gpu-b", Health: pluginapi.Healthy, Topology: numa(1)},
 		{ID: "gpu-c", Health: pluginapi.Healthy, Topology: numa(1)},
 	}})
+	if err != nil {
+		panic(err)
+	}
 	defer plugin.Stop()
-	_ = plugin.Start()
-	_ = plugin.Register(filepath.Join(dir, devicemanager.KubeletSocketName))
+	if err := plugin.Start(); err != nil {
+		panic(err)
+	}
+	if err := plugin.Register(filepath.Join(dir, devicemanager.KubeletSocketName)); err != nil {
+		panic(err)
+	}
 	// Its devices count once its first ListAndWatch message is in.
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
+	deadline := time.After(30 * time.Second)
 	for _, allocatable, _ := dm.GetCapacity(log); allocatable.Name("example.com/gpu", resource.DecimalSI).Value() < 3; _, allocatable, _ = dm.GetCapacity(log) {
-		<-tick.C
+		select {
+		case <-tick.C:
+		case <-deadline:
+			panic("the plugin's devices did not arrive")
+		}
 	}
 
 	// The first pod: only node 1 can give it both its devices.

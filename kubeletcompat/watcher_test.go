@@ -31,9 +31,11 @@ func TestKubeletPluginManagerDrivesTheWatcherHandler(t *testing.T) {
 		defer close(done)
 		pm.Run(ctx, ready{}, stop)
 	}()
+	// Run returns on stop; the reconciler and watcher goroutines it starts
+	// end with ctx and stop, and the plugin manager offers no wait for them.
 	t.Cleanup(func() {
 		close(stop)
-		cancel() // ends the plugin manager's reconciler
+		cancel()
 		<-done
 	})
 

@@ -138,15 +138,17 @@ func (adm *Admitter) endTurn() { <-adm.turn }
 // of the pod's resources (the manager's WaitForPlugins, so a pod waiting for
 // its plugin holds up no other pod; each container's wait is bounded on its
 // own, so a pod can wait that long once for each container whose plugin is
-// not ready), then for an admission or restore in progress to end. A pod without a UID gets a generated one,
-// and one without a namespace "default"; the caller's pod is not modified.
+// not ready), then for an admission or restore in progress to end. A pod
+// without a UID gets a generated one, and one without a namespace
+// "default"; the caller's pod is not modified.
 // Admitting an admitted pod (same UID) again returns the same answer.
 //
 // A pod the manager cannot reason about (no container, a container without
 // a name or named twice, a negative limit) is refused with ErrInvalidPod.
 // When a container is refused, what the pod got is released and the error is
 // an *AdmitError naming the container, wrapping the manager's error (or the
-// policy's *policy.AffinityError).
+// policy's *policy.AffinityError); one naming no container when the policy
+// refused the whole pod (SetPodTopology).
 func (adm *Admitter) Admit(ctx context.Context, pod *v1.Pod) (*Admission, error) {
 	if err := validate(pod); err != nil {
 		return nil, err

@@ -185,7 +185,7 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 		logger.Info("Publishing device resources in the node status", "node", cfg.nodeName, "registerNode", cfg.registerNode)
 	}
 	logger.Info("Serving", "socketPath", filepath.Join(cfg.socketDir, devicemanager.KubeletSocketName), "controlSocket", cfg.controlSocket,
-		"checkpointDir", cfg.checkpointDir, "numaNodes", cfg.numaNodes, "topologyPolicy", cfg.policy.Name())
+		"checkpointDir", cfg.checkpointDir, "numaNodes", cfg.numaNodes, "topologyPolicy", cfg.policy.Name(), "topologyPodScope", cfg.podScope)
 	return s, nil
 }
 
