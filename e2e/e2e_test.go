@@ -22,10 +22,10 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/openkubelet/devmgr/e2e/cluster"
 	"github.com/openkubelet/devmgr/nodestatus"
 	"github.com/openkubelet/devmgr/plugintest"
 )
@@ -49,16 +49,16 @@ func TestDevmgrPublishesDevicesTheSchedulerUses(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	c := startCluster(t, dir)
+	c := cluster.StartCluster(t, dir, bins)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
 	sockDir := filepath.Join(dir, "dp")
 	serveStart := time.Now()
-	devmgr := start(t, dir, "devmgr", devmgrBin, "serve", "--socket-dir", sockDir, "--control-socket", filepath.Join(dir, "ctl.sock"),
+	devmgr := cluster.Start(t, dir, "devmgr", devmgrBin, "serve", "--socket-dir", sockDir, "--control-socket", filepath.Join(dir, "ctl.sock"),
 		"--numa-nodes", "0", "--stop-grace-period", gracePeriod.String(), "--metrics-address", "127.0.0.1:0",
-		"--kubeconfig", c.kubeconfig, "--node-name", nodeName, "--register-node")
-	poll(t, ctx, devmgr, "kubelet.sock", 30*time.Second, func() bool { return exists(filepath.Join(sockDir, "kubelet.sock")) })
+		"--kubeconfig", c.Kubeconfig, "--node-name", nodeName, "--register-node")
+	cluster.Poll(t, ctx, devmgr, "kubelet.sock", 30*time.Second, func() bool { return exists(filepath.Join(sockDir, "kubelet.sock")) })
 
 	gpus := plugin(t, sockDir, gpu, 4)
 	fpgas := plugin(t, sockDir, fpga, 2)
@@ -105,8 +105,8 @@ func TestDevmgrPublishesDevicesTheSchedulerUses(t *testing.T) {
 	}
 	var bound, pending []string
 	var reason string
-	poll(t, ctx, c.scheduler, "3 pods bound and 1 unschedulable", time.Minute, func() bool {
-		pods, err := c.client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{})
+	cluster.Poll(t, ctx, c.Scheduler, "3 pods bound and 1 unschedulable", time.Minute, func() bool {
+		pods, err := c.Client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false
 		}
@@ -135,8 +135,8 @@ func TestDevmgrPublishesDevicesTheSchedulerUses(t *testing.T) {
 	devs[3].Health = pluginapi.Healthy
 	gpus.Update(devs)
 	healed := time.Now()
-	poll(t, ctx, c.scheduler, pending[0]+" bound", time.Minute, func() bool {
-		p, err := c.client.CoreV1().Pods("default").Get(ctx, pending[0], metav1.GetOptions{})
+	cluster.Poll(t, ctx, c.Scheduler, pending[0]+" bound", time.Minute, func() bool {
+		p, err := c.Client.CoreV1().Pods("default").Get(ctx, pending[0], metav1.GetOptions{})
 		return err == nil && p.Spec.NodeName == nodeName
 	})
 	t.Logf("FIGURE device healthy again: %s allocatable 3 -> 4, %s bound %s later", gpu, pending[0], time.Since(healed).Round(time.Millisecond))
@@ -157,12 +157,12 @@ func TestDevmgrPublishesDevicesTheSchedulerUses(t *testing.T) {
 	// 6. An API server outage: the publisher fails, backs off, and
 	// publishes what changed meanwhile once the API server is back.
 	before := publishes(t, devmgr)
-	c.apiserver.stop()
+	c.APIServer.Stop()
 	devs[0].Health = pluginapi.Unhealthy
 	gpus.Update(devs)
-	poll(t, ctx, devmgr, "a failed publish", 30*time.Second, func() bool { return publishes(t, devmgr).failed > before.failed })
+	cluster.Poll(t, ctx, devmgr, "a failed publish", 30*time.Second, func() bool { return publishes(t, devmgr).failed > before.failed })
 	restart := time.Now()
-	c.startAPIServer(t, "kube-apiserver-restarted")
+	c.StartAPIServer(t, "kube-apiserver-restarted")
 	back := time.Now()
 	took = waitNode(t, ctx, c, devmgr, "gpu 4/3 after the outage", nodestatus.DefaultMaxBackoff+publishBound, func(n *v1.Node) bool { return has(n, gpu, 4, 3) })
 	after := publishes(t, devmgr)
@@ -172,12 +172,12 @@ func TestDevmgrPublishesDevicesTheSchedulerUses(t *testing.T) {
 	// 7. The Node deleted and created anew by someone else while nothing
 	// changes on the device side: devmgr notices at its next check.
 	old := node(t, ctx, c).UID
-	if err := c.client.CoreV1().Nodes().Delete(ctx, nodeName, metav1.DeleteOptions{}); err != nil {
+	if err := c.Client.CoreV1().Nodes().Delete(ctx, nodeName, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	deleted := time.Now()
 	fresh := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}
-	if _, err := c.client.CoreV1().Nodes().Create(ctx, fresh, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if _, err := c.Client.CoreV1().Nodes().Create(ctx, fresh, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err) // AlreadyExists: devmgr (--register-node) was first
 	}
 	checkBound := nodestatus.DefaultCheckInterval + publishBound
@@ -189,7 +189,7 @@ func TestDevmgrPublishesDevicesTheSchedulerUses(t *testing.T) {
 	}
 	becomeReadyNode(t, ctx, c) // the agent writes its part again
 
-	if code := devmgr.stop(); code != 0 {
+	if code := devmgr.Stop(); code != 0 {
 		t.Fatalf("devmgr serve exited %d on SIGTERM", code)
 	}
 	t.Logf("FIGURE shutdown: devmgr serve exited 0 on SIGTERM")
@@ -203,28 +203,28 @@ func TestDevmgrPublishesDevicesTheSchedulerUses(t *testing.T) {
 	}
 	wipedDir := filepath.Join(dir, "dp-wiped")
 	wipeStart := time.Now()
-	wiped := start(t, dir, "devmgr-wiped", devmgrBin, "serve", "--socket-dir", wipedDir, "--control-socket", filepath.Join(dir, "ctl-wiped.sock"),
+	wiped := cluster.Start(t, dir, "devmgr-wiped", devmgrBin, "serve", "--socket-dir", wipedDir, "--control-socket", filepath.Join(dir, "ctl-wiped.sock"),
 		"--numa-nodes", "0", "--stop-grace-period", gracePeriod.String(), "--metrics-address", "127.0.0.1:0",
-		"--kubeconfig", c.kubeconfig, "--node-name", nodeName)
+		"--kubeconfig", c.Kubeconfig, "--node-name", nodeName)
 	took = waitNode(t, ctx, c, wiped, "gpu removed after the wipe", time.Minute, func(n *v1.Node) bool {
 		_, inCapacity := n.Status.Capacity[gpu]
 		_, inAllocatable := n.Status.Allocatable[gpu]
 		return !inCapacity && !inAllocatable
 	})
-	if !regexp.MustCompile(`"Node was wiped: zeroing the extended resources its plugins do not report".* resources=\["` + gpu + `"\]`).MatchString(wiped.output()) {
-		t.Fatalf("devmgr did not log that it zeroes %s alone:\n%s", gpu, wiped.output())
+	if !regexp.MustCompile(`"Node was wiped: zeroing the extended resources its plugins do not report".* resources=\["` + gpu + `"\]`).MatchString(wiped.Output()) {
+		t.Fatalf("devmgr did not log that it zeroes %s alone:\n%s", gpu, wiped.Output())
 	}
 	if n = node(t, ctx, c); !has(n, nic, 7, 7) {
 		t.Fatalf("the agent's %s did not survive the wipe: capacity %v allocatable %v", nic, n.Status.Capacity, n.Status.Allocatable)
 	}
 	t.Logf("FIGURE wipe: %s zeroed and removed %s after devmgr serve started on an empty checkpoint directory; %s=7/7 of field manager %s intact",
 		gpu, took, nic, agent)
-	poll(t, ctx, wiped, "kubelet.sock", 30*time.Second, func() bool { return exists(filepath.Join(wipedDir, "kubelet.sock")) })
+	cluster.Poll(t, ctx, wiped, "kubelet.sock", 30*time.Second, func() bool { return exists(filepath.Join(wipedDir, "kubelet.sock")) })
 	plugin(t, wipedDir, gpu, 2)
 	took = waitNode(t, ctx, c, wiped, "gpu 2/2 after the wipe", publishBound, func(n *v1.Node) bool { return has(n, gpu, 2, 2) })
 	t.Logf("FIGURE wipe: %s=2/2 published %s after its plugin registered again (%s after the wiped devmgr serve started)",
 		gpu, took, time.Since(wipeStart).Round(time.Millisecond))
-	if code := wiped.stop(); code != 0 {
+	if code := wiped.Stop(); code != 0 {
 		t.Fatalf("devmgr serve (wiped) exited %d on SIGTERM", code)
 	}
 }
@@ -257,7 +257,7 @@ func devices(prefix string, n int) []*pluginapi.Device {
 // condition and the node's cpu, memory, pods and one extended resource of
 // its own, and removes the not-ready taint the API server puts on a new
 // node (no controller manager runs to remove it).
-func becomeReadyNode(t *testing.T, ctx context.Context, c *cluster) {
+func becomeReadyNode(t *testing.T, ctx context.Context, c *cluster.Cluster) {
 	t.Helper()
 	res := v1.ResourceList{v1.ResourceCPU: resource.MustParse("8"), v1.ResourceMemory: resource.MustParse("16Gi"),
 		v1.ResourcePods: resource.MustParse("110"), nic: resource.MustParse("7")}
@@ -265,10 +265,10 @@ func becomeReadyNode(t *testing.T, ctx context.Context, c *cluster) {
 	status := corev1ac.Node(nodeName).WithStatus(corev1ac.NodeStatus().WithCapacity(res).WithAllocatable(res).
 		WithConditions(corev1ac.NodeCondition().WithType(v1.NodeReady).WithStatus(v1.ConditionTrue).
 			WithReason("AgentReady").WithLastHeartbeatTime(now).WithLastTransitionTime(now)))
-	if _, err := c.client.CoreV1().Nodes().ApplyStatus(ctx, status, metav1.ApplyOptions{FieldManager: agent, Force: true}); err != nil {
+	if _, err := c.Client.CoreV1().Nodes().ApplyStatus(ctx, status, metav1.ApplyOptions{FieldManager: agent, Force: true}); err != nil {
 		t.Fatal(err)
 	}
-	node, err := c.client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+	node, err := c.Client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,22 +279,22 @@ func becomeReadyNode(t *testing.T, ctx context.Context, c *cluster) {
 	}) {
 		t.Fatalf("the new Node has no %s:NoSchedule taint: %v", v1.TaintNodeNotReady, node.Spec.Taints)
 	}
-	if _, err := c.client.CoreV1().Nodes().Patch(ctx, nodeName, types.MergePatchType, []byte(`{"spec":{"taints":null}}`),
+	if _, err := c.Client.CoreV1().Nodes().Patch(ctx, nodeName, types.MergePatchType, []byte(`{"spec":{"taints":null}}`),
 		metav1.PatchOptions{FieldManager: agent}); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func createDefaultServiceAccount(t *testing.T, ctx context.Context, c *cluster) {
+func createDefaultServiceAccount(t *testing.T, ctx context.Context, c *cluster.Cluster) {
 	t.Helper()
 	// No controller manager creates it; the API server's admission wants it.
 	sa := &v1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: "default"}}
-	if _, err := c.client.CoreV1().ServiceAccounts("default").Create(ctx, sa, metav1.CreateOptions{}); err != nil {
+	if _, err := c.Client.CoreV1().ServiceAccounts("default").Create(ctx, sa, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func createGPUPod(t *testing.T, ctx context.Context, c *cluster, name string) {
+func createGPUPod(t *testing.T, ctx context.Context, c *cluster.Cluster, name string) {
 	t.Helper()
 	one := v1.ResourceList{gpu: resource.MustParse("1")}
 	pod := &v1.Pod{
@@ -305,14 +305,14 @@ func createGPUPod(t *testing.T, ctx context.Context, c *cluster, name string) {
 				Resources: v1.ResourceRequirements{Limits: one, Requests: one}}},
 		},
 	}
-	if _, err := c.client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+	if _, err := c.Client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func node(t *testing.T, ctx context.Context, c *cluster) *v1.Node {
+func node(t *testing.T, ctx context.Context, c *cluster.Cluster) *v1.Node {
 	t.Helper()
-	n, err := c.client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+	n, err := c.Client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,33 +337,14 @@ func ready(n *v1.Node) bool {
 
 // waitNode waits up to limit for the node to satisfy cond and returns how
 // long that took.
-func waitNode(t *testing.T, ctx context.Context, c *cluster, p *process, what string, limit time.Duration, cond func(*v1.Node) bool) time.Duration {
+func waitNode(t *testing.T, ctx context.Context, c *cluster.Cluster, p *cluster.Process, what string, limit time.Duration, cond func(*v1.Node) bool) time.Duration {
 	t.Helper()
 	start := time.Now()
-	poll(t, ctx, p, what, limit, func() bool {
-		n, err := c.client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+	cluster.Poll(t, ctx, p, what, limit, func() bool {
+		n, err := c.Client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
 		return err == nil && cond(n)
 	})
 	return time.Since(start).Round(time.Millisecond)
-}
-
-// poll checks cond every 100ms until it holds, failing after limit or as
-// soon as p exits.
-func poll(t *testing.T, ctx context.Context, p *process, what string, limit time.Duration, cond func() bool) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(ctx, limit)
-	defer cancel()
-	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
-		select {
-		case <-p.exited:
-			return false, fmt.Errorf("%s exited (%s)", p.name, p.cmd.ProcessState)
-		default:
-		}
-		return cond(), nil
-	})
-	if err != nil {
-		t.Fatalf("waiting %s for %s: %v", limit, what, err)
-	}
 }
 
 func exists(path string) bool {
@@ -405,9 +386,9 @@ func keysUnder(raw, field string) []string {
 // publishCounts are devmgr's publishes by result, from its /metrics.
 type publishCounts struct{ ok, failed int }
 
-func publishes(t *testing.T, p *process) publishCounts {
+func publishes(t *testing.T, p *cluster.Process) publishCounts {
 	t.Helper()
-	m := regexp.MustCompile(`"Serving metrics" address="([^"]+)"`).FindStringSubmatch(p.output())
+	m := regexp.MustCompile(`"Serving metrics" address="([^"]+)"`).FindStringSubmatch(p.Output())
 	if m == nil {
 		t.Fatal("devmgr did not log its metrics address")
 	}
