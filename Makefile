@@ -18,7 +18,7 @@ PKGS            ?= ./...
 # directory, ${XDG_CACHE_HOME:-$HOME/.cache}).
 E2E_CACHE       ?= $(DEVMGR_E2E_CACHE)
 
-.PHONY: all test vet lint fmt fmt-write tidy bench bench-compare bench-check compat e2e fuzz verify interop reliability tools clean
+.PHONY: all test vet lint fmt fmt-write tidy bench bench-compare bench-check compat e2e kubelet fuzz verify interop reliability tools clean
 
 all: verify test
 
@@ -88,6 +88,17 @@ compat:
 e2e:
 	cd e2e && $(GO) mod tidy -diff && (cd etcd && $(GO) mod tidy -diff) && $(GO) vet ./... && \
 		DEVMGR_E2E_CACHE='$(abspath $(E2E_CACHE))' $(GO) test -count=1 -v -timeout 30m ./...
+
+## kubelet: the kubelet of k8s.io/kubernetes (the version kubelet/go.mod
+## requires) with devmgr as its device manager, built into E2E_CACHE; the
+## last line printed is the binary's path. No fork: the build overlays the
+## kubelet's source with one added file (kubelet/cm/devmgr.go) and one
+## changed line, checked against the kubelet version they were written for
+## (docs/KUBELET.md). KUBELET_FLAGS=-stock builds the stock kubelet of the
+## same module graph.
+KUBELET_FLAGS ?=
+kubelet:
+	@cd kubelet && DEVMGR_E2E_CACHE='$(abspath $(E2E_CACHE))' $(GO) run . $(KUBELET_FLAGS)
 
 ## fuzz: every fuzz target for FUZZTIME each (.ci/fuzz-target runs one).
 fuzz:
