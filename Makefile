@@ -18,7 +18,7 @@ PKGS            ?= ./...
 # directory, ${XDG_CACHE_HOME:-$HOME/.cache}).
 E2E_CACHE       ?= $(DEVMGR_E2E_CACHE)
 
-.PHONY: all test vet lint fmt fmt-write tidy bench bench-compare bench-check compat e2e kubelet fuzz verify interop reliability tools clean
+.PHONY: all test vet lint fmt fmt-write tidy bench bench-compare bench-check compat e2e kubelet node-e2e fuzz verify interop reliability tools clean
 
 all: verify test
 
@@ -99,6 +99,19 @@ e2e:
 KUBELET_FLAGS ?=
 kubelet:
 	@cd kubelet && DEVMGR_E2E_CACHE='$(abspath $(E2E_CACHE))' $(GO) run . $(KUBELET_FLAGS)
+
+## node-e2e: the stock kubelet and make kubelet's on a real node (containerd,
+## runc, a bridge network, real pods), the same scenarios on both, then pods
+## moved between them; writes docs/NODE-E2E.md. Needs root and the host
+## packages runc, containernetworking-plugins, busybox-static (.ci/run
+## installs them); the node runs in private mount, network and PID
+## namespaces and never touches the host's /var/lib/kubelet. The kubelet/,
+## nodee2e/ and nodee2e/containerd modules are tidy and vetted first, and
+## the kubelet builder's tests run. Components are cached as make e2e's.
+node-e2e:
+	cd kubelet && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) test -count=1 ./...
+	cd nodee2e && $(GO) mod tidy -diff && (cd containerd && $(GO) mod tidy -diff) && $(GO) vet ./... && \
+		DEVMGR_E2E_CACHE='$(abspath $(E2E_CACHE))' $(GO) test -count=1 -v -timeout 40m . -args -report $(CURDIR)/docs/NODE-E2E.md
 
 ## fuzz: every fuzz target for FUZZTIME each (.ci/fuzz-target runs one).
 fuzz:
