@@ -205,6 +205,7 @@ func (k *kubelet) start(t *testing.T, bin string) {
 		_ = conn.Close()
 		return true
 	})
+	k.requireDeviceManager(t)
 }
 
 // stop stops the kubelet with SIGTERM; the pods' containers keep running.
@@ -244,5 +245,15 @@ func deleteNode(t *testing.T, c *cluster.Cluster, name string) {
 	}
 }
 
-// logContains reports whether the kubelet's output holds s.
-func (k *kubelet) logContains(s string) bool { return strings.Contains(k.proc.Output(), s) }
+// devmgrLine is what make kubelet's kubelet logs when it makes its device
+// manager (kubelet/cm/devmgr.go).
+const devmgrLine = "Using devmgr as the device manager"
+
+// requireDeviceManager fails unless the running kubelet's device manager is
+// devmgr exactly when its kind is devmgrKubelet.
+func (k *kubelet) requireDeviceManager(t *testing.T) {
+	t.Helper()
+	if got := strings.Contains(k.proc.Output(), devmgrLine); got != (k.kind == devmgrKubelet) {
+		t.Fatalf("the %s kubelet logged %q: %v", k.kind, devmgrLine, got)
+	}
+}

@@ -22,6 +22,8 @@ import (
 // nodes and the topology manager's store. devmgr serves kubelet.sock and
 // keeps its checkpoint where the kubelet's manager does; every option the
 // kubelet has no flag for keeps devmgr's default.
+//
+//nolint:unused // called by the kubelet's container_manager_linux.go, through the overlay
 func newDevmgrDeviceManager(logger klog.Logger, topology []cadvisorapi.Node, store topologymanager.Store) (kubeletdm.Manager, error) {
 	numa := make([]int, 0, len(topology))
 	for _, n := range topology {
