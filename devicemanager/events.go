@@ -1,9 +1,6 @@
 package devicemanager
 
-import (
-	"slices"
-	"sync"
-)
+import "slices"
 
 // EventKind says what happened to a container's devices.
 type EventKind string
@@ -127,102 +124,4 @@ func (m *ManagerImpl) pushAdmitted(podUID, container string, resources []string)
 	}
 	m.mu.Unlock()
 	m.events.push(evs...)
-}
-
-// eventQueue hands events to a channel in order without ever blocking the
-// producer or dropping one. A goroutine runs only while events are queued;
-// close ends it and keeps what it had not handed over.
-type eventQueue struct {
-	out  chan Event
-	stop chan struct{} // closed by close
-	wg   sync.WaitGroup
-
-	// mu guards everything below.
-	mu      sync.Mutex
-	pending []Event
-	// sending is set while a goroutine feeds out.
-	sending bool
-	closed  bool
-	// drained is set once close has ended the goroutine: pending then
-	// holds the events out never delivered.
-	drained bool
-}
-
-func newEventQueue() *eventQueue {
-	return &eventQueue{out: make(chan Event), stop: make(chan struct{})}
-}
-
-// push queues evs; it never blocks on the reader. After close it does
-// nothing.
-func (q *eventQueue) push(evs ...Event) {
-	if len(evs) == 0 {
-		return
-	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
-		return
-	}
-	q.pending = append(q.pending, evs...)
-	if !q.sending {
-		q.sending = true
-		q.wg.Add(1)
-		go q.send()
-	}
-}
-
-// send hands the queued events to out, oldest first, until none is left or
-// the queue is closed; then it puts back what it took and did not hand over.
-func (q *eventQueue) send() {
-	defer q.wg.Done()
-	for {
-		q.mu.Lock()
-		if len(q.pending) == 0 || q.closed {
-			q.sending = false
-			q.mu.Unlock()
-			return
-		}
-		batch := q.pending
-		q.pending = nil
-		q.mu.Unlock()
-		for i, ev := range batch {
-			select {
-			case q.out <- ev:
-			case <-q.stop:
-				q.mu.Lock()
-				q.pending = slices.Concat(batch[i:], q.pending)
-				q.mu.Unlock()
-				return
-			}
-		}
-	}
-}
-
-// close refuses further events, ends the goroutine that feeds out (events
-// not yet received stay in pending) and closes out. Idempotent.
-func (q *eventQueue) close() {
-	q.mu.Lock()
-	if q.closed {
-		q.mu.Unlock()
-		return
-	}
-	q.closed = true
-	close(q.stop)
-	q.mu.Unlock()
-	q.wg.Wait()
-	close(q.out)
-	q.mu.Lock()
-	q.drained = true
-	q.mu.Unlock()
-}
-
-// undelivered returns a copy of the events out never delivered once close
-// has ended the goroutine, else nil.
-func (q *eventQueue) undelivered() []Event {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if !q.drained {
-		return nil
-	}
-	return slices.Clone(q.pending)
 }

@@ -36,9 +36,9 @@ type ManagerImpl struct {
 	log           klog.Logger
 	store         checkpoint.Manager
 	kubeletSocket string
-	updates       *updateQueue
+	updates       *queue[ResourceUpdate]
 	// events is nil unless Options.Events is set.
-	events  *eventQueue
+	events  *queue[Event]
 	metrics *metrics
 
 	// ctx is cancelled by Stop; every goroutine the manager starts ends with it.
@@ -143,7 +143,7 @@ func NewManagerImpl(opts Options) (*ManagerImpl, error) {
 		doc:             checkpoint.New(nil, nil),
 	}
 	if opts.Events {
-		m.events = newEventQueue()
+		m.events = newQueue[Event](0, nil)
 	}
 	if m.metrics, err = newMetrics(m, opts.Registerer); err != nil {
 		cancel()
@@ -237,7 +237,7 @@ func (m *ManagerImpl) Start(activePods ActivePodsFunc, sourcesReady SourcesReady
 	m.state = started
 	m.server = server
 	m.sock, m.dirLocks = sock, locks
-	m.wg.Add(2)
+	m.wg.Add(1)
 	m.mu.Unlock()
 
 	go func() {
@@ -248,10 +248,6 @@ func (m *ManagerImpl) Start(activePods ActivePodsFunc, sourcesReady SourcesReady
 			m.mu.Unlock()
 			m.log.Error(err, "Registration server stopped serving")
 		}
-	}()
-	go func() {
-		defer m.wg.Done()
-		m.updates.run(m.ctx)
 	}()
 	if m.opts.PluginsRegistryDir != "" {
 		if err := m.watchRegistry(); err != nil {

@@ -271,7 +271,7 @@ func (m *ManagerImpl) onDevices(resource string, ep *endpoint.Endpoint, devs []*
 	// Queued before the change is visible: whoever sees the new health
 	// (GetCapacity, say) finds its owners already on their way to Updates.
 	if len(owners) > 0 {
-		m.updates.push(owners)
+		m.updates.push(ResourceUpdate{PodUIDs: owners})
 	}
 	m.mu.Unlock()
 
