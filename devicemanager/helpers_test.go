@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 	v1 "k8s.io/api/core/v1"
@@ -183,17 +185,26 @@ func (h *harness) register(p *plugintest.Plugin) *plugintest.Plugin {
 // instance sent; p's list must name a device.
 func (h *harness) reregister(p *plugintest.Plugin) {
 	h.t.Helper()
+	before := h.listsReceived(p.ResourceName())
 	require.NoError(h.t, p.Register(h.kubeletSocket()))
-	h.eventually(func() bool {
-		h.m.mu.Lock()
-		defer h.m.mu.Unlock()
-		r := h.m.resources[p.ResourceName()]
-		if r == nil {
-			return false
-		}
-		in := r.instances[p.SocketPath()]
-		return in != nil && in.ep.LastMessageBytes() > 0
-	}, "the new instance of %s received its device list", p.SocketPath())
+	h.eventually(func() bool { return h.listsReceived(p.ResourceName()) > before },
+		"the new instance of %s received its device list", p.SocketPath())
+}
+
+// listsReceived is the number of ListAndWatch messages of res the manager
+// has applied from plugin streams, from its message size histogram; and
+// their total size.
+func (h *harness) listsReceived(res string) uint64 {
+	h.t.Helper()
+	count, _ := h.listSizes(res)
+	return count
+}
+
+func (h *harness) listSizes(res string) (count uint64, bytes float64) {
+	h.t.Helper()
+	var m dto.Metric
+	require.NoError(h.t, h.m.metrics.messageBytes.WithLabelValues(res).(prometheus.Metric).Write(&m))
+	return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
 }
 
 // registered starts and registers a plugin.

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/openkubelet/devmgr/checkpoint"
@@ -56,6 +57,10 @@ func TestMetrics(t *testing.T) {
 	assert.Equal(t, 1, testutil.CollectAndCount(h.m.metrics.preStart))
 	assert.Equal(t, 1, testutil.CollectAndCount(h.m.metrics.preferred))
 	assert.Equal(t, 2, testutil.CollectAndCount(h.m.metrics.messageBytes))
+	h.eventually(func() bool {
+		n, size := h.listSizes(res2)
+		return n == 1 && size == float64(proto.Size(&pluginapi.ListAndWatchResponse{Devices: devices("n", 2)}))
+	}, "the size of %s's one list in the message size histogram", res2)
 
 	// The update's checkpoint write ends after the capacity shows it: the
 	// metric is the size of the file once both are done.

@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -168,7 +169,8 @@ func (m *ManagerImpl) follow(resource string, ep *endpoint.Endpoint) {
 	defer m.wg.Done()
 	err := ep.Run(m.ctx, func(msg *pluginapi.ListAndWatchResponse) {
 		m.onDevices(resource, ep, msg.GetDevices())
-		m.metrics.messageBytes.WithLabelValues(resource).Observe(float64(ep.LastMessageBytes()))
+		// Measured after the list is applied, so as not to delay it.
+		m.metrics.messageBytes.WithLabelValues(resource).Observe(float64(proto.Size(msg)))
 	})
 	m.disconnect(resource, ep)
 	switch {

@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -16,7 +15,6 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
-	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	"k8s.io/utils/clock"
@@ -117,10 +115,6 @@ type Endpoint struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	// lastMessageBytes is the size of the last ListAndWatch message Run
-	// handed to its callback, as received.
-	lastMessageBytes atomic.Int64
-
 	// mu guards the fields below.
 	mu       sync.Mutex
 	stopTime time.Time
@@ -155,7 +149,6 @@ func Dial(ctx context.Context, resource, path string, opts Options) (*Endpoint, 
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithContextDialer(dialer),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(opts.MaxRecvMsgSize)),
-		grpc.WithStatsHandler(payloadSizes{}),
 		// No pings without an open call: a default server counts every
 		// such ping within two hours of the last as a strike.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{
@@ -263,8 +256,6 @@ func (e *Endpoint) Run(ctx context.Context, onMessage func(*pluginapi.ListAndWat
 	stop := context.AfterFunc(e.ctx, cancel)
 	defer stop()
 
-	size := new(atomic.Int64)
-	ctx = context.WithValue(ctx, payloadSizeKey{}, size)
 	stream, err := e.client.ListAndWatch(ctx, &pluginapi.Empty{})
 	if err != nil {
 		return e.streamErr(ctx, fmt.Errorf("open ListAndWatch: %w", err))
@@ -274,43 +265,9 @@ func (e *Endpoint) Run(ctx context.Context, onMessage func(*pluginapi.ListAndWat
 		if err != nil {
 			return e.streamErr(ctx, fmt.Errorf("ListAndWatch: %w", err))
 		}
-		// gRPC reports a message's size before Recv returns it.
-		e.lastMessageBytes.Store(size.Load())
 		onMessage(msg)
 	}
 }
-
-// LastMessageBytes returns the size in bytes, as received, of the last
-// ListAndWatch message Run handed to its callback; 0 before the first. Read
-// from the callback, it is the size of the message being handled.
-func (e *Endpoint) LastMessageBytes() int { return int(e.lastMessageBytes.Load()) }
-
-// payloadSizeKey is the context key under which Run puts the *atomic.Int64
-// that takes the size of each message its stream receives.
-type payloadSizeKey struct{}
-
-// payloadSizes is the connection's stats.Handler: it stores the size of every
-// message received by a call whose context holds a payloadSizeKey, as gRPC
-// counted it (the protobuf bytes, decompressed, without gRPC's framing). gRPC
-// has the figure at hand; measuring the decoded message again (proto.Size)
-// would be a second pass over every device of every list.
-type payloadSizes struct{}
-
-func (payloadSizes) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
-
-func (payloadSizes) HandleRPC(ctx context.Context, s stats.RPCStats) {
-	in, ok := s.(*stats.InPayload)
-	if !ok {
-		return
-	}
-	if size, ok := ctx.Value(payloadSizeKey{}).(*atomic.Int64); ok {
-		size.Store(int64(in.Length))
-	}
-}
-
-func (payloadSizes) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
-
-func (payloadSizes) HandleConn(context.Context, stats.ConnStats) {}
 
 // streamErr returns err unless the stream ended because ctx was cancelled
 // (Stop, or the caller), which is not a failure.

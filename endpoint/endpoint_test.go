@@ -456,28 +456,3 @@ func unwrapStatus(err error) error {
 	return err
 }
 
-// Inside the callback, LastMessageBytes is the size of the message being
-// handled, as the plugin encoded it.
-func TestLastMessageBytes(t *testing.T) {
-	p := startPlugin(t, []*pluginapi.Device{{ID: "A", Health: pluginapi.Healthy}})
-	e := dial(t, p, Options{})
-	assert.Zero(t, e.LastMessageBytes(), "before any message")
-	type sized struct{ got, want int }
-	sizes := make(chan sized, 4)
-	done := make(chan error, 1)
-	go func() {
-		done <- e.Run(context.Background(), func(m *pluginapi.ListAndWatchResponse) {
-			sizes <- sized{e.LastMessageBytes(), proto.Size(m)}
-		})
-	}()
-	t.Cleanup(func() {
-		e.Stop()
-		assert.NoError(t, <-done, "Run after Stop")
-	})
-	first := recv(t, sizes)
-	assert.Equal(t, first.want, first.got)
-	p.Update([]*pluginapi.Device{{ID: "A", Health: pluginapi.Unhealthy}, {ID: "B-with-a-longer-id", Health: pluginapi.Healthy}})
-	second := recv(t, sizes)
-	assert.Equal(t, second.want, second.got)
-	assert.Greater(t, second.got, first.got)
-}
