@@ -50,8 +50,8 @@ func FilterByAffinity(affinity *BitMask, devices map[string]*pluginapi.Device, a
 }
 
 // Tiers is FilterByAffinity for the census's devices: those of ids (in ID
-// order, each once) that free reports available. It makes one pass over ids
-// and sorts nothing, where FilterByAffinity sorts the available devices.
+// order, each once) that free reports available, with the node sets the
+// census already holds.
 func (c *Census) Tiers(affinity *BitMask, ids []string, free func(id string) bool) Tiers {
 	if affinity == nil || !c.aware {
 		var out []string
@@ -124,36 +124,28 @@ func tiersOf(mask BitMask, ids []string, lookup func(id string) (BitMask, bool))
 	}
 
 	// A device's rank is the place of its first node in the walk; one with
-	// no node ranks last (NoTopology). The entries are in ID order, so
-	// placing them by rank, each rank in the order met, sorts them by (rank,
-	// ID) with no comparison.
+	// no node ranks last (NoTopology). The entries are in ID order: a
+	// stable sort by rank orders them by (rank, ID).
 	noTopology := len(walk)
-	rank := func(sig BitMask) int {
-		r := noTopology
-		for rest := uint64(sig); rest != 0; rest &= rest - 1 {
-			r = min(r, rankOf[bits.TrailingZeros64(rest)])
-		}
-		return r
-	}
-	start := make([]int, noTopology+2)
 	for i := range entries {
-		entries[i].rank = rank(entries[i].sig)
-		start[entries[i].rank+1]++
+		entries[i].rank = noTopology
+		for rest := uint64(entries[i].sig); rest != 0; rest &= rest - 1 {
+			entries[i].rank = min(entries[i].rank, rankOf[bits.TrailingZeros64(rest)])
+		}
 	}
-	for r := 1; r < len(start); r++ {
-		start[r] += start[r-1]
-	}
-	aligned, unaligned := start[inMask], start[noTopology]-start[inMask]
-	out := make([]string, len(entries))
+	slices.SortStableFunc(entries, func(a, b entry) int { return cmp.Compare(a.rank, b.rank) })
+	var t Tiers
 	for _, e := range entries {
-		out[start[e.rank]] = e.id
-		start[e.rank]++
+		switch {
+		case e.rank < inMask:
+			t.Aligned = append(t.Aligned, e.id)
+		case e.rank < noTopology:
+			t.Unaligned = append(t.Unaligned, e.id)
+		default:
+			t.NoTopology = append(t.NoTopology, e.id)
+		}
 	}
-	return Tiers{
-		Aligned:    nilIfEmpty(out[:aligned:aligned]),
-		Unaligned:  nilIfEmpty(out[aligned : aligned+unaligned : aligned+unaligned]),
-		NoTopology: nilIfEmpty(out[aligned+unaligned:]),
-	}
+	return t
 }
 
 func nilIfEmpty(s []string) []string {
