@@ -356,7 +356,7 @@ func (m *ManagerImpl) selectionInputLocked(podUID, container, name string, requi
 	if affinity == nil {
 		in.Tiers.NoTopology = r.sortedHealthy()
 	} else {
-		in.Tiers = podstate.Tiers(m.censusLocked(r).Tiers(affinity, r.sortedHealthy(), free.Has))
+		in.Tiers = m.censusLocked(r).Tiers(affinity, r.sortedHealthy(), free.Has)
 	}
 	return in, r.primary, nil
 }

@@ -7,6 +7,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/openkubelet/devmgr/podstate"
+	"github.com/openkubelet/devmgr/topology"
 )
 
 // One container's admission for one resource, as devicemanager runs it (its
@@ -29,7 +30,7 @@ func Example() {
 	available := healthy.Difference(l.Allocated(gpu))
 	in := podstate.SelectInput{
 		Resource: gpu, Required: 2, Needed: needed, Available: available,
-		Tiers: podstate.Tiers{NoTopology: sets.List(available)},
+		Tiers: topology.Tiers{NoTopology: sets.List(available)},
 	}
 	if q, ask := podstate.PreferredQueryFor(in); ask {
 		fmt.Println("ask the plugin to choose", q.Size, "of", q.Available)

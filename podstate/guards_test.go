@@ -5,6 +5,7 @@ package podstate
 // test did.
 
 import (
+	"github.com/openkubelet/devmgr/topology"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -16,7 +17,7 @@ import (
 // also for an aligned tier not in ID order with a repeat.
 func TestQueryListsRepeatedUnsortedAlignedOnce(t *testing.T) {
 	in := SelectInput{Resource: "r", Required: 1, Needed: 1,
-		Available: sets.New("a", "b", "c"), Tiers: Tiers{Aligned: []string{"b", "a", "b"}, Unaligned: []string{"c"}}}
+		Available: sets.New("a", "b", "c"), Tiers: topology.Tiers{Aligned: []string{"b", "a", "b"}, Unaligned: []string{"c"}}}
 	q, ask := PreferredQueryFor(in)
 	require.True(t, ask)
 	assert.Equal(t, []string{"a", "b"}, q.Available)

@@ -2,6 +2,7 @@ package podstate
 
 import (
 	"cmp"
+	"github.com/openkubelet/devmgr/topology"
 	"slices"
 
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -88,9 +89,9 @@ func numaDev(id string, nodes ...int64) *pluginapi.Device {
 // group by ascending count of available devices (then node id); each device
 // goes to the first node in that order that holds it. A nil hint puts every
 // available device under NoTopology.
-func tiersFor(devs DeviceInstances, available sets.Set[string], hint []int64) Tiers {
+func tiersFor(devs DeviceInstances, available sets.Set[string], hint []int64) topology.Tiers {
 	if hint == nil {
-		return Tiers{NoTopology: sets.List(available)}
+		return topology.Tiers{NoTopology: sets.List(available)}
 	}
 	perNode := map[int64][]string{}
 	for _, id := range sets.List(available) {
@@ -119,7 +120,7 @@ func tiersFor(devs DeviceInstances, available sets.Set[string], hint []int64) Ti
 	slices.SortFunc(order, func(a, b int64) int {
 		return cmp.Or(cmp.Compare(rank(a), rank(b)), cmp.Compare(len(perNode[a]), len(perNode[b])), cmp.Compare(a, b))
 	})
-	var t Tiers
+	var t topology.Tiers
 	placed := sets.New[string]()
 	for _, n := range order {
 		for _, id := range perNode[n] {
@@ -127,15 +128,15 @@ func tiersFor(devs DeviceInstances, available sets.Set[string], hint []int64) Ti
 				continue
 			}
 			placed.Insert(id)
-			t.add(rank(n), id)
+			addTier(&t, rank(n), id)
 		}
 	}
 	return t
 }
 
-// add appends id to tier 0 (Aligned), 1 (Unaligned) or any other
-// (NoTopology).
-func (t *Tiers) add(tier int, id string) {
+// addTier appends id to tier 0 (Aligned), 1 (Unaligned) or any other
+// (NoTopology) of t.
+func addTier(t *topology.Tiers, tier int, id string) {
 	switch tier {
 	case 0:
 		t.Aligned = append(t.Aligned, id)

@@ -2,6 +2,7 @@ package podstate
 
 import (
 	"fmt"
+	"github.com/openkubelet/devmgr/topology"
 	"maps"
 	"slices"
 	"testing"
@@ -65,7 +66,7 @@ func (a *admitter) admit(pod, ctr string, k kind, request map[string]int) error 
 			var picks []string
 			picks, err = Select(SelectInput{
 				Resource: res, Required: request[res], Needed: needed,
-				Reusable: sets.List(a.pool[res]), Available: avail, Tiers: Tiers{NoTopology: sets.List(avail)},
+				Reusable: sets.List(a.pool[res]), Available: avail, Tiers: topology.Tiers{NoTopology: sets.List(avail)},
 			}, nil)
 			if err == nil {
 				var rid ReservationID

@@ -4,20 +4,9 @@ import (
 	"slices"
 
 	"k8s.io/apimachinery/pkg/util/sets"
-)
 
-// Tiers splits the available devices of a resource by their place relative to
-// the container's NUMA affinity, each tier in preference order (the shape of
-// topology.Tiers, redeclared so podstate does not depend on topology).
-// Every available device is in one tier. A tier may also list devices that
-// are not available: the selection skips them, so that without an affinity
-// NoTopology can be every healthy device in ID order, kept by the caller,
-// instead of a list of the free ones built for each admission.
-type Tiers struct {
-	Aligned    []string // on a NUMA node of the affinity
-	Unaligned  []string // only on other nodes
-	NoTopology []string // no NUMA node; every device when there is no affinity
-}
+	"github.com/openkubelet/devmgr/topology"
+)
 
 // SelectInput is what the kubelet's device selection works from. Build
 // and use it under the caller's lock (Available may be a view of the
@@ -36,8 +25,11 @@ type SelectInput struct {
 	// query lists every available device: from the set itself when it is a
 	// sets.Set, else from the tiers, which must then cover it.
 	Available DeviceSet
-	// Tiers cover Available; IDs outside Available are ignored.
-	Tiers Tiers
+	// Tiers cover Available, each tier in preference order; IDs outside
+	// Available are ignored, so that without an affinity NoTopology can be
+	// every healthy device in ID order, kept by the caller, instead of a
+	// list of the free ones built for each admission.
+	Tiers topology.Tiers
 }
 
 // PreferredQuery is the plugin's GetPreferredAllocation request for one

@@ -2,6 +2,7 @@ package podstate
 
 import (
 	"fmt"
+	"github.com/openkubelet/devmgr/topology"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -13,7 +14,7 @@ import (
 
 func TestSelectRules(t *testing.T) {
 	six := sets.New("a1", "a2", "a3", "u1", "u2", "n1")
-	tiers := Tiers{Aligned: []string{"a1", "a2", "a3"}, Unaligned: []string{"u1", "u2"}, NoTopology: []string{"n1"}}
+	tiers := topology.Tiers{Aligned: []string{"a1", "a2", "a3"}, Unaligned: []string{"u1", "u2"}, NoTopology: []string{"n1"}}
 	cases := []struct {
 		name      string
 		in        SelectInput
@@ -77,33 +78,33 @@ func TestSelectRules(t *testing.T) {
 			want:      []string{"a1", "a2", "a3", "u2"}},
 		{name: "no affinity: everything in NoTopology, the plugin chooses",
 			in: SelectInput{Required: 2, Needed: 2, Available: sets.New("x", "y", "z"),
-				Tiers: Tiers{NoTopology: []string{"z", "y", "x"}}},
+				Tiers: topology.Tiers{NoTopology: []string{"z", "y", "x"}}},
 			preferred: []string{"x"},
 			wantQuery: &PreferredQuery{Available: []string{"x", "y", "z"}, MustInclude: []string{}, Size: 2},
 			want:      []string{"x", "z"}},
 		{name: "tier IDs outside Available are ignored",
 			in: SelectInput{Required: 1, Needed: 1, Available: sets.New("x"),
-				Tiers: Tiers{Aligned: []string{"ghost", "ghost2"}, NoTopology: []string{"ghost", "x"}}},
+				Tiers: topology.Tiers{Aligned: []string{"ghost", "ghost2"}, NoTopology: []string{"ghost", "x"}}},
 			wantQuery: &PreferredQuery{Available: []string{"x"}, MustInclude: []string{}, Size: 1},
 			want:      []string{"x"}},
 		{name: "duplicate aligned IDs counted once",
 			in: SelectInput{Required: 1, Needed: 1, Available: sets.New("x", "y"),
-				Tiers: Tiers{Aligned: []string{"x", "x"}, Unaligned: []string{"y"}}},
+				Tiers: topology.Tiers{Aligned: []string{"x", "x"}, Unaligned: []string{"y"}}},
 			want: []string{"x"}},
 		{name: "an ID twice in a tier is asked about once",
 			in: SelectInput{Required: 2, Needed: 2, Available: sets.New("x", "y", "z"),
-				Tiers: Tiers{Aligned: []string{"x", "x"}, Unaligned: []string{"z", "y"}}},
+				Tiers: topology.Tiers{Aligned: []string{"x", "x"}, Unaligned: []string{"z", "y"}}},
 			wantQuery: &PreferredQuery{Available: []string{"x", "y", "z"}, MustInclude: []string{"x"}, Size: 2},
 			want:      []string{"x", "z"}},
 		{name: "the plugin chooses among aligned IDs listed twice, each asked about once",
 			in: SelectInput{Required: 1, Needed: 1, Available: sets.New("a1", "a2", "a3", "u1"),
-				Tiers: Tiers{Aligned: []string{"a1", "a1", "a2", "a2", "a3"}, Unaligned: []string{"u1"}}},
+				Tiers: topology.Tiers{Aligned: []string{"a1", "a1", "a2", "a2", "a3"}, Unaligned: []string{"u1"}}},
 			preferred: []string{"u1", "a2"},
 			wantQuery: &PreferredQuery{Available: []string{"a1", "a2", "a3"}, MustInclude: []string{}, Size: 1},
 			want:      []string{"a2"}},
 		{name: "tiers not covering Available: shortfall with the kubelet's text",
 			in: SelectInput{Resource: res1, Required: 3, Needed: 3, Available: sets.New("a1", "a2", "zz"),
-				Tiers: Tiers{Aligned: []string{"a1"}, Unaligned: []string{"a2"}}},
+				Tiers: topology.Tiers{Aligned: []string{"a1"}, Unaligned: []string{"a2"}}},
 			wantQuery: &PreferredQuery{Available: []string{"a1", "a2", "zz"}, MustInclude: []string{"a1"}, Size: 3},
 			wantErr:   "unexpectedly allocated less resources than required. Requested: 3, Got: 2",
 			wantIs:    ErrAllocationShortfall},
@@ -368,15 +369,15 @@ func TestSelectFromAView(t *testing.T) {
 			all[i] = fmt.Sprintf("d%02d", i)
 		}
 		free := sets.New(pick(all, 0.6)...)
-		var exact, padded Tiers
+		var exact, padded topology.Tiers
 		for _, id := range all {
 			if !free.Has(id) {
 				continue
 			}
-			exact.add(rng.IntN(3), id)
+			addTier(&exact, rng.IntN(3), id)
 		}
 		if run%5 == 1 {
-			// Tiers in preference order, not ID order (devices of a
+			// topology.Tiers in preference order, not ID order (devices of a
 			// second NUMA node of the affinity come after the first's).
 			rng.Shuffle(len(exact.Aligned), func(i, j int) { exact.Aligned[i], exact.Aligned[j] = exact.Aligned[j], exact.Aligned[i] })
 		}
@@ -392,11 +393,11 @@ func TestSelectFromAView(t *testing.T) {
 			}
 			return out
 		}
-		padded = Tiers{Aligned: pad(exact.Aligned), Unaligned: pad(exact.Unaligned), NoTopology: pad(exact.NoTopology)}
+		padded = topology.Tiers{Aligned: pad(exact.Aligned), Unaligned: pad(exact.Unaligned), NoTopology: pad(exact.NoTopology)}
 		if run%3 == 0 {
 			// devmgr without an affinity: one tier, every device in ID order.
-			exact = Tiers{NoTopology: sets.List(free)}
-			padded = Tiers{NoTopology: all}
+			exact = topology.Tiers{NoTopology: sets.List(free)}
+			padded = topology.Tiers{NoTopology: all}
 		}
 		required := rng.IntN(n + 2)
 		needed := max(0, required-rng.IntN(2))
