@@ -41,10 +41,11 @@ type ManagerImpl struct {
 	events  *queue[Event]
 	metrics *metrics
 
-	// ctx is cancelled by Stop; every goroutine the manager starts ends with it.
+	// ctx is cancelled by Stop; every goroutine the manager starts ends
+	// with it, but the queues' senders, which their close ends.
 	ctx    context.Context
 	cancel context.CancelFunc
-	// wg counts every goroutine the manager started.
+	// wg counts every goroutine the manager started, but the queues'.
 	wg sync.WaitGroup
 	// stopOnce makes Stop idempotent.
 	stopOnce sync.Once
