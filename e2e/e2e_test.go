@@ -273,7 +273,7 @@ func becomeReadyNode(t *testing.T, ctx context.Context, c *cluster.Cluster) {
 		t.Fatal(err)
 	}
 	// Every new Node, --register-node's too, starts with the API server's
-	// not-ready taint; the README tells agents so.
+	// not-ready taint; docs/SERVE.md tells agents so.
 	if !slices.ContainsFunc(node.Spec.Taints, func(tn v1.Taint) bool {
 		return tn.Key == v1.TaintNodeNotReady && tn.Effect == v1.TaintEffectNoSchedule
 	}) {

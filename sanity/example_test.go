@@ -6,9 +6,9 @@ import (
 	"github.com/openkubelet/devmgr/sanity"
 )
 
-// The README's example of a plugin's own test, and the test of Test: a
-// correct plugin passes every subtest. startMyPlugin stands for
-// starting the plugin under test, here the suite's correct fixture.
+// The example of a plugin's own test in docs/PLUGIN-AUTHORS.md, and the
+// test of Test: a correct plugin passes every subtest. startMyPlugin stands
+// for starting the plugin under test, here the suite's correct fixture.
 func TestMyPlugin(t *testing.T) {
 	sanity.Test(t, sanity.Config{
 		StartPlugin: func(socketDir string) error {

@@ -32,7 +32,7 @@ func execute(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	return exitOK
 }
 
-// Exit codes. The root command's help and README.md list them; a script
+// Exit codes. The root command's help and docs/SERVE.md list them; a script
 // tells from them what went wrong without reading the message.
 const (
 	exitOK = 0
