@@ -455,4 +455,3 @@ func unwrapStatus(err error) error {
 	}
 	return err
 }
-

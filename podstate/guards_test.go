@@ -5,12 +5,13 @@ package podstate
 // test did.
 
 import (
-	"github.com/openkubelet/devmgr/topology"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/util/sets"
+
+	"github.com/openkubelet/devmgr/topology"
 )
 
 // TestQueryListsRepeatedUnsortedAlignedOnce: select.go freeAligned returns "the free aligned devices, each once",

@@ -2,11 +2,12 @@ package podstate
 
 import (
 	"cmp"
-	"github.com/openkubelet/devmgr/topology"
 	"slices"
 
 	"k8s.io/apimachinery/pkg/util/sets"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/openkubelet/devmgr/topology"
 )
 
 // respOpt shapes a ContainerAllocateResponse in tests.

@@ -2,7 +2,6 @@ package podstate
 
 import (
 	"fmt"
-	"github.com/openkubelet/devmgr/topology"
 	"maps"
 	"slices"
 	"testing"
@@ -12,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 
 	"github.com/openkubelet/devmgr/checkpoint"
+	"github.com/openkubelet/devmgr/topology"
 )
 
 func TestReusePoolOps(t *testing.T) {

@@ -2,7 +2,6 @@ package podstate
 
 import (
 	"fmt"
-	"github.com/openkubelet/devmgr/topology"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -10,6 +9,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/util/sets"
+
+	"github.com/openkubelet/devmgr/topology"
 )
 
 func TestSelectRules(t *testing.T) {
