@@ -18,10 +18,12 @@
 // something else.
 //
 // Binaries are cached in -cache under names that carry the Kubernetes
-// version and a hash of every input that is not the module graph's own
-// (this module's go.sum, the Go version, the overlay, the devmgr source
-// compiled in), so a change to any of them builds again and an unchanged
-// tree builds nothing.
+// version and a hash of the build's inputs: this module's go.mod, go.sum
+// and builder (the replaced line, the flags), the go command's version,
+// platform, CGO_ENABLED, GOFLAGS and GOEXPERIMENT, the overlay, and the
+// devmgr source compiled in, by path relative to the repository. A change
+// to any of them builds again; the same tree, in any checkout, builds
+// nothing. Each build removes the earlier builds of its kind.
 package main
 
 import (
@@ -108,8 +110,9 @@ func build(cache string, stock bool, log io.Writer) (string, error) {
 		return "", err
 	}
 	key := sha256.New()
-	fmt.Fprintf(key, "go %s\n", goVersion())
-	if err := hashFiles(key, "go.mod", "go.sum"); err != nil {
+	fmt.Fprintf(key, "go env:\n%s", goEnv())
+	// The builder's own source holds the replaced line and the build flags.
+	if err := hashFiles(key, "main.go", "go.mod", "go.sum"); err != nil {
 		return "", err
 	}
 	name := "kubelet-" + mod.Version
@@ -344,14 +347,26 @@ func devmgrSources(flags []string) ([]string, error) {
 	return files, nil
 }
 
-// hashFiles writes each file's name and content to h.
+// hashFiles writes each file's name, relative to the repository (so that
+// two checkouts of the same tree agree), and content to h.
 func hashFiles(h io.Writer, files ...string) error {
+	root, err := filepath.Abs("..")
+	if err != nil {
+		return err
+	}
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(h, "%s %d\n", f, len(b))
+		name, err := filepath.Abs(f)
+		if err != nil {
+			return err
+		}
+		if rel, err := filepath.Rel(root, name); err == nil {
+			name = rel
+		}
+		fmt.Fprintf(h, "%s %d\n", name, len(b))
 		_, _ = h.Write(b)
 	}
 	return nil
@@ -372,12 +387,13 @@ func prune(cache, name, keep string, log io.Writer) {
 	}
 }
 
-func goVersion() string {
-	out, err := goCmd("env", "GOVERSION")
+// goEnv is what of the go command's environment changes the binary.
+func goEnv() string {
+	out, err := goCmd("env", "GOVERSION", "GOOS", "GOARCH", "CGO_ENABLED", "GOFLAGS", "GOEXPERIMENT")
 	if err != nil {
 		return runtime.Version()
 	}
-	return strings.TrimSpace(string(out))
+	return string(out)
 }
 
 func goCmd(args ...string) ([]byte, error) {
