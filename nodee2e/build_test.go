@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -77,10 +78,25 @@ func build(dir string) (binaries, error) {
 	if b.ContainerdDir, err = buildContainerd(filepath.Join(wd, "containerd"), cache); err != nil {
 		return b, err
 	}
+	kubeletDir := filepath.Join(filepath.Dir(wd), "kubelet")
+	v, err := cluster.ModuleVersion(kubeletDir, "k8s.io/kubernetes")
+	if err != nil {
+		return b, err
+	}
+	if v != kubeVersion {
+		return b, fmt.Errorf("the kubelet module builds k8s.io/kubernetes %s, the control plane %s: pin one version in both", v, kubeVersion)
+	}
 	b.Kubelets = map[string]string{}
 	for _, kind := range []string{devmgrKubelet, stockKubelet} {
-		if b.Kubelets[kind], err = buildKubelet(filepath.Join(filepath.Dir(wd), "kubelet"), cache, kind == stockKubelet); err != nil {
+		built, err := buildKubelet(kubeletDir, cache, kind == stockKubelet)
+		if err != nil {
 			return b, err
+		}
+		// The run keeps its own link: a build elsewhere that replaces
+		// the cached binary does not pull it from under the run.
+		b.Kubelets[kind] = filepath.Join(dir, filepath.Base(built))
+		if err := linkOrCopy(built, b.Kubelets[kind]); err != nil {
+			return b, fmt.Errorf("the kubelet into the run directory: %w", err)
 		}
 	}
 	pause := filepath.Join(dir, "pause")
@@ -161,6 +177,28 @@ func buildKubelet(kubeletDir, cache string, stock bool) (string, error) {
 		return "", fmt.Errorf("make kubelet's builder printed %q last, not a path", last)
 	}
 	return last, nil
+}
+
+// linkOrCopy hard-links from to to, or copies it where the two are on
+// different file systems.
+func linkOrCopy(from, to string) error {
+	if os.Link(from, to) == nil {
+		return nil
+	}
+	in, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(to, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		_ = out.Close()
+		return err
+	}
+	return out.Close()
 }
 
 func goBuild(dir string, env []string, args ...string) error {

@@ -4,14 +4,16 @@
 // device manager. The same scenarios, with the same assertions, run on
 // both: registration and capacity, a pod whose container sees what the
 // plugins' Allocate and CDI specs give, pods that do not fit, unhealthy
-// devices, kubelet and plugin restarts, a plugin not back, a pod deleted
-// while the kubelet is down, init and sidecar containers; then running pods
-// move between the two kubelets on one node.
+// devices, kubelet and plugin restarts, a container restart, a plugin not
+// back, a pod deleted while the kubelet is down, init and sidecar
+// containers; then running pods move between the two kubelets on one node.
 //
 // The tests run as root with `make node-e2e`, which writes
 // docs/NODE-E2E.md from the run. The node lives in fresh mount, network and
-// PID namespaces; nothing is written to the host's /var/lib/kubelet, and the
-// run's directory and cgroups are removed when it ends. The components are
+// PID namespaces; nothing is written to the host's /var/lib/kubelet, the
+// run's directory and cgroups are removed when it ends, and the kernel
+// tunables the kubelet sets at start, which no namespace confines, are
+// put back. The components are
 // built once into the cache of make e2e ($DEVMGR_E2E_CACHE, else
 // devmgr/e2e in the user's cache directory), under their versions' names.
 package nodee2e

@@ -143,17 +143,33 @@ func startPod(t *testing.T, c *cluster.Cluster, k *kubelet, pod *v1.Pod) (*v1.Po
 	return p, since(start)
 }
 
-// deletePods deletes every pod of the namespace and waits until they are
-// gone: the kubelet has stopped their containers.
-func deletePods(t *testing.T, c *cluster.Cluster, k *kubelet, ns string) {
+// deletePods deletes the named pods of the namespace, every one when none
+// is named, and waits until they are gone: the kubelet has stopped their
+// containers.
+func deletePods(t *testing.T, c *cluster.Cluster, k *kubelet, ns string, names ...string) {
 	t.Helper()
 	ctx := context.Background()
-	if err := c.Client.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
-		t.Fatal(err)
+	if len(names) == 0 {
+		if err := c.Client.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	cluster.Poll(t, ctx, k.proc, "the pods of "+ns+" gone", podStartLimit, func() bool {
+	for _, name := range names {
+		if err := c.Client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cluster.Poll(t, ctx, k.proc, fmt.Sprintf("the pods %v of %s gone", names, ns), podStartLimit, func() bool {
 		pods, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
-		return err == nil && len(pods.Items) == 0
+		if err != nil {
+			return false
+		}
+		for _, p := range pods.Items {
+			if len(names) == 0 || slices.Contains(names, p.Name) {
+				return false
+			}
+		}
+		return true
 	})
 }
 
@@ -280,44 +296,53 @@ func parseReport(path string) (report, bool) {
 }
 
 // podResources calls the kubelet's podresources API on its socket.
-func podResources[T any](t *testing.T, call func(context.Context, podresourcesapi.PodResourcesListerClient) (T, error)) T {
-	t.Helper()
+func podResources[T any](call func(context.Context, podresourcesapi.PodResourcesListerClient) (T, error)) (T, error) {
+	var zero T
 	conn, err := grpc.NewClient("unix://"+podResourcesSocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		t.Fatal(err)
+		return zero, err
 	}
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	resp, err := call(ctx, podresourcesapi.NewPodResourcesListerClient(conn))
-	if err != nil {
-		t.Fatalf("podresources: %v", err)
-	}
-	return resp
+	return call(ctx, podresourcesapi.NewPodResourcesListerClient(conn))
 }
 
 // allocatableCounts is how many devices of each resource the kubelet
 // itself offers, healthy and registered (podresources
 // GetAllocatableResources).
-func allocatableCounts(t *testing.T) map[string]int {
-	t.Helper()
-	resp := podResources(t, func(ctx context.Context, c podresourcesapi.PodResourcesListerClient) (*podresourcesapi.AllocatableResourcesResponse, error) {
+func allocatableCounts() (map[string]int, error) {
+	resp, err := podResources(func(ctx context.Context, c podresourcesapi.PodResourcesListerClient) (*podresourcesapi.AllocatableResourcesResponse, error) {
 		return c.GetAllocatableResources(ctx, &podresourcesapi.AllocatableResourcesRequest{})
 	})
+	if err != nil {
+		return nil, err
+	}
 	out := map[string]int{}
 	for _, d := range resp.GetDevices() {
 		out[d.GetResourceName()] += len(d.GetDeviceIds())
 	}
-	return out
+	return out, nil
 }
 
 // podDevices returns, from the kubelet's podresources API, the devices of
 // each container of the pod as "resource=id,id" sorted, by container.
 func podDevices(t *testing.T, ns, name string) map[string][]string {
 	t.Helper()
-	resp := podResources(t, func(ctx context.Context, c podresourcesapi.PodResourcesListerClient) (*podresourcesapi.ListPodResourcesResponse, error) {
+	out, err := podDevicesErr(ns, name)
+	if err != nil {
+		t.Fatalf("podresources List: %v", err)
+	}
+	return out
+}
+
+func podDevicesErr(ns, name string) (map[string][]string, error) {
+	resp, err := podResources(func(ctx context.Context, c podresourcesapi.PodResourcesListerClient) (*podresourcesapi.ListPodResourcesResponse, error) {
 		return c.List(ctx, &podresourcesapi.ListPodResourcesRequest{})
 	})
+	if err != nil {
+		return nil, err
+	}
 	out := map[string][]string{}
 	for _, p := range resp.GetPodResources() {
 		if p.GetNamespace() != ns || p.GetName() != name {
@@ -338,7 +363,7 @@ func podDevices(t *testing.T, ns, name string) map[string][]string {
 			out[c.GetName()] = devs
 		}
 	}
-	return out
+	return out, nil
 }
 
 // idsOf returns the device IDs of resource in a podDevices entry.

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"strings"
 )
 
@@ -62,7 +63,7 @@ func writeImage(out, name string, files []imageFile, entrypoint []string) error 
 		return err
 	}
 	config, err := json.Marshal(map[string]any{
-		"architecture": "amd64",
+		"architecture": runtime.GOARCH,
 		"os":           "linux",
 		"config":       map[string]any{"Entrypoint": entrypoint, "Env": []string{"PATH=/bin"}},
 		"rootfs":       map[string]any{"type": "layers", "diff_ids": []string{fmt.Sprintf("sha256:%x", diff.Sum(nil))}},

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -76,7 +77,11 @@ func outside() int {
 		fmt.Fprintln(os.Stderr, "node-e2e:", err)
 		return 1
 	}
-	defer os.RemoveAll(dir)
+	defer func() {
+		if err := os.RemoveAll(dir); err != nil {
+			fmt.Fprintln(os.Stderr, "node-e2e: removing the run directory:", err)
+		}
+	}()
 	r := run{Dir: dir, CgroupRoot: fmt.Sprintf("devmgr-node-e2e-%d", os.Getpid())}
 	if r.Bins, err = build(dir); err != nil {
 		fmt.Fprintln(os.Stderr, "node-e2e: build:", err)
@@ -88,6 +93,14 @@ func outside() int {
 		return 1
 	}
 	defer removeCgroupRoot(r.CgroupRoot)
+	// The kubelet sets kernel tunables that no namespace confines: they
+	// are put back as they were.
+	saved, err := saveSysctls()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "node-e2e:", err)
+		return 1
+	}
+	defer restoreSysctls(saved)
 	b, err := json.Marshal(r)
 	if err == nil {
 		err = os.WriteFile(filepath.Join(dir, "run.json"), b, 0o644)
@@ -105,7 +118,8 @@ func outside() int {
 	// An interrupt ends the node (its PID namespace dies with unshare's
 	// child) and still removes what the run made.
 	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	// SIGQUIT is what go test sends a test binary past its -timeout.
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGQUIT)
 	defer signal.Stop(sigs)
 	if err := cmd.Start(); err != nil {
 		fmt.Fprintln(os.Stderr, "node-e2e: unshare:", err)
@@ -191,16 +205,26 @@ func enter(dir string) error {
 	return nil
 }
 
-// cgroupHierarchies are the cgroup hierarchies the kubelet's cgroupRoot
-// must exist in: every v1 hierarchy, and the v2 one a hybrid host mounts
-// beside them, where runc makes its cgroups too.
+// cgroupHierarchies are the mount points of the host's cgroup hierarchies,
+// from /proc/self/mountinfo, each once: every v1 hierarchy (a host may
+// link several names to one, cpu and cpuacct to cpu,cpuacct), and the v2
+// one, beside them on a hybrid host (runc makes its cgroups there too) or
+// alone on a v2 host. The kubelet's cgroupRoot must exist in each.
 func cgroupHierarchies() []string {
-	dirs, _ := filepath.Glob("/sys/fs/cgroup/*")
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
 	var out []string
-	for _, d := range dirs {
-		var st unix.Statfs_t
-		if unix.Statfs(d, &st) == nil && (st.Type == unix.CGROUP_SUPER_MAGIC || st.Type == unix.CGROUP2_SUPER_MAGIC) {
-			out = append(out, d)
+	for line := range strings.Lines(string(b)) {
+		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER
+		fields := strings.Fields(line)
+		sep := slices.Index(fields, "-")
+		if sep < 5 || sep+1 >= len(fields) {
+			continue
+		}
+		if fs := fields[sep+1]; (fs == "cgroup" || fs == "cgroup2") && !slices.Contains(out, fields[4]) {
+			out = append(out, fields[4])
 		}
 	}
 	return out
@@ -251,6 +275,31 @@ func removeCgroupRoot(name string) {
 }
 
 const cgroupGrace = 10 * time.Second
+
+// kernelTunables are the sysctls the kubelet sets at start
+// (protectKernelDefaults is false), none of them per namespace.
+var kernelTunables = []string{"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
+	"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes"}
+
+func saveSysctls() (map[string][]byte, error) {
+	saved := map[string][]byte{}
+	for _, k := range kernelTunables {
+		b, err := os.ReadFile("/proc/sys/" + k)
+		if err != nil {
+			return nil, fmt.Errorf("saving the kernel tunables the kubelet sets: %w", err)
+		}
+		saved[k] = b
+	}
+	return saved, nil
+}
+
+func restoreSysctls(saved map[string][]byte) {
+	for k, b := range saved {
+		if err := os.WriteFile("/proc/sys/"+k, b, 0o644); err != nil {
+			fmt.Fprintf(os.Stderr, "node-e2e: restoring %s: %v\n", k, err)
+		}
+	}
+}
 
 func rmdirWhenEmpty(dir string) error {
 	deadline := time.Now().Add(cgroupGrace)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/openkubelet/devmgr/e2e/cluster"
@@ -120,13 +121,31 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 	return c
 }
 
+// runningTasks returns the IDs of the containers whose task runs.
+func (c *containerd) runningTasks(t *testing.T) map[string]bool {
+	t.Helper()
+	out, err := exec.Command(c.ctr, "--address", c.sock, "-n", "k8s.io", "tasks", "ls").Output()
+	if err != nil {
+		t.Fatalf("ctr tasks ls: %v", err)
+	}
+	running := map[string]bool{}
+	for line := range strings.Lines(string(out)) {
+		// TASK PID STATUS
+		if f := strings.Fields(line); len(f) == 3 && f[2] == "RUNNING" {
+			running[f[0]] = true
+		}
+	}
+	return running
+}
+
 // kubelet is one kubelet process on the node at a time, of one kind, on
 // the node's root directory.
 type kubelet struct {
-	kind     string // stockKubelet or devmgrKubelet
-	node     string // its Node's name
-	dir      string // where its configuration and logs are
-	proc     *cluster.Process
+	kind     string             // stockKubelet or devmgrKubelet
+	node     string             // its Node's name
+	dir      string             // where its configuration and logs are
+	proc     *cluster.Process   // the current process
+	procs    []*cluster.Process // every process, the current one last
 	healthz  string
 	starts   int
 	args     []string
@@ -185,7 +204,14 @@ func (k *kubelet) start(t *testing.T, bin string) {
 	k.starts++
 	name := fmt.Sprintf("kubelet-%s-%d", k.kind, k.starts)
 	k.started = time.Now()
-	k.proc = cluster.Start(t, k.dir, name, bin, k.args...)
+	// The node owns its kubelet (startNode stops it after deleting the
+	// pods), whichever process it is by then.
+	p, err := cluster.Launch(k.dir, name, exec.Command(bin, k.args...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.proc = p
+	k.procs = append(k.procs, p)
 	if err := cluster.AwaitHTTP(k.proc, k.healthz, ""); err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +266,8 @@ func freshRoot(t *testing.T, dir string) {
 // deleteNode removes the Node, once its kubelet is gone.
 func deleteNode(t *testing.T, c *cluster.Cluster, name string) {
 	t.Helper()
-	if err := c.Client.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+	err := c.Client.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
 		t.Errorf("delete node %s: %v", name, err)
 	}
 }

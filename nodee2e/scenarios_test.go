@@ -49,26 +49,29 @@ func TestDevicePluginsOnARealNode(t *testing.T) {
 
 // startNode starts a kubelet of kind on a fresh root directory as Node
 // name, waits until the Node is Ready, and makes its pods' namespace. When
-// the test ends, the pods are deleted, the plugins and the kubelet stopped
-// and the Node deleted.
+// the test ends the plugins stop, then the pods are deleted (their
+// containers stopped by the kubelet), the kubelet stopped and the Node
+// deleted.
 func startNode(t *testing.T, c *cluster.Cluster, rt *containerd, kind, name string) *node {
 	t.Helper()
 	dir := filepath.Join(the.Dir, name)
 	freshRoot(t, dir)
 	n := &node{c: c, ns: name, dir: dir, k: newKubelet(t, c, rt, kind, name, dir)}
-	n.k.start(t, the.Bins.Kubelets[kind])
-	waitNode(t, c, n.k, "Ready", kubeletStartLimit, nodeReady)
 	ns := &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n.ns}}
 	if _, err := c.Client.CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if n.k.proc.Cmd.ProcessState == nil { // the kubelet runs: it stops the containers
+		if n.k.proc != nil && n.k.proc.Running() { // it stops the pods' containers
 			deletePods(t, c, n.k, n.ns)
-			n.k.stop(t)
+		}
+		for _, p := range n.k.procs {
+			p.StopAndReport(t)
 		}
 		deleteNode(t, c, name)
 	})
+	n.k.start(t, the.Bins.Kubelets[kind])
+	waitNode(t, c, n.k, "Ready", kubeletStartLimit, nodeReady)
 	return n
 }
 
@@ -99,16 +102,26 @@ func (n *node) state(t *testing.T, pod string) state {
 }
 
 // requireState fails unless the pod runs with the containers and devices
-// of before.
+// of before: the same container IDs, each still a running task in
+// containerd (a restarted container would be a new one), restart counts
+// unchanged, and the same devices in the kubelet's podresources.
 func (n *node) requireState(t *testing.T, pod string, before state) {
 	t.Helper()
 	p := getPod(t, n.c, n.ns, pod)
 	if !running(p) {
 		t.Fatalf("pod %s is not running: phase %s %v", pod, p.Status.Phase, p.Status.ContainerStatuses)
 	}
+	tasks := n.k.runtimes.runningTasks(t)
+	for name, id := range before.containers {
+		cid, _, _ := strings.Cut(strings.TrimPrefix(id, "containerd://"), " ")
+		if !tasks[cid] {
+			t.Fatalf("pod %s: container %s (%s) is no longer a running task in containerd", pod, name, cid)
+		}
+	}
 	// A kubelet that has just started lists a pod once its sources gave it.
 	cluster.Poll(t, context.Background(), n.k.proc, "pod "+pod+" in the kubelet's podresources", statusLimit, func() bool {
-		return len(podDevices(t, n.ns, pod)) > 0
+		devs, err := podDevicesErr(n.ns, pod)
+		return err == nil && len(devs) > 0
 	})
 	after := n.state(t, pod)
 	if !reflect.DeepEqual(after.containers, before.containers) {
@@ -119,6 +132,17 @@ func (n *node) requireState(t *testing.T, pod string, before state) {
 	}
 }
 
+// probeFreeDevices runs a pod asking for one device of each plugin, which
+// only the devices the "devices" pod leaves free can serve: the plugins'
+// Allocate answers it, so they are back, not only listed. It returns how
+// long the pod took to run, and deletes it.
+func (n *node) probeFreeDevices(t *testing.T) time.Duration {
+	t.Helper()
+	_, took := startPod(t, n.c, n.k, devicePod(n.ns, "probe", devices(map[string]int64{sampleResource: 1, fpgaResource: 1})))
+	deletePods(t, n.c, n.k, n.ns, "probe")
+	return took
+}
+
 // waitPluginsBack waits until the kubelet offers every device of both
 // plugins again (its podresources API, which a restarted kubelet answers
 // from its own state, not the Node's last status) and the Node advertises
@@ -127,8 +151,8 @@ func (n *node) waitPluginsBack(t *testing.T) time.Duration {
 	t.Helper()
 	start := time.Now()
 	cluster.Poll(t, context.Background(), n.k.proc, "the kubelet offering every device", statusLimit, func() bool {
-		got := allocatableCounts(t)
-		return got[sampleResource] == 2 && got[fpgaResource] == fpgaCount
+		got, err := allocatableCounts() // a kubelet just started may not answer yet
+		return err == nil && got[sampleResource] == 2 && got[fpgaResource] == fpgaCount
 	})
 	waitNode(t, n.c, n.k, "both plugins' devices", statusLimit, func(nd *v1.Node) bool {
 		return has(nd, sampleResource, 2, 2) && has(nd, fpgaResource, fpgaCount, fpgaCount)
@@ -226,16 +250,49 @@ func scenarios(t *testing.T, n *node) {
 				n.sample.restart(t)
 			}
 			n.waitPluginsBack(t)
+			back := since(start)
 			n.requireState(t, "devices", before)
-			s.figure(t, "every device offered again %s after the restart began; containers and devices unchanged", since(start))
+			took := n.probeFreeDevices(t)
+			s.figure(t, "every device offered again %s after the restart began; containers and devices unchanged; a pod of the free devices Running in %s",
+				back, took)
 		})
 	}
 	restart("kubelet restart: running pods keep their devices, no container restarts", true, false)
 	restart("plugin restart: running pods keep their devices, no container restarts", false, true)
 	restart("kubelet and plugins restart: running pods keep their devices, no container restarts", true, true)
 
-	step(t, kind, "plugin not back after a kubelet restart: the pod fails admission", func(s *scenario) {
+	step(t, kind, "a container restarts: it keeps its devices", func(s *scenario) {
+		// The container fails once (a file in its emptyDir says so), and
+		// the kubelet starts it again in the same pod.
+		pod := devicePod(n.ns, "restarts", devices(map[string]int64{fpgaResource: 1}))
+		pod.Spec.RestartPolicy = v1.RestartPolicyOnFailure
+		pod.Spec.Volumes = []v1.Volume{{Name: "state", VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}}}
+		c := &pod.Spec.Containers[0]
+		c.VolumeMounts = []v1.VolumeMount{{Name: "state", MountPath: "/state"}}
+		c.Command = []string{"sh", "-c", reportScript + `[ -e /state/once ] || { touch /state/once; exit 1; }
+` + waitScript}
+		start := time.Now()
+		createPod(t, n.c, pod)
+		p := waitPod(t, n.c, n.k, n.ns, "restarts", "Running after a restart", podStartLimit, func(p *v1.Pod) bool {
+			return running(p) && p.Status.ContainerStatuses[0].RestartCount >= 1
+		})
+		ids := idsOf(podDevices(t, n.ns, "restarts")["main"], fpgaResource)
+		if len(ids) != 1 {
+			t.Fatalf("podresources gives pod restarts %v, want one %s", ids, fpgaResource)
+		}
+		if got, want := containerReport(t, p, "main"), n.fpga.expectedReport(t, ids, nil); !reflect.DeepEqual(got, want) {
+			t.Fatalf("the restarted container sees\n%+v\nits Allocate answer gives\n%+v", got, want)
+		}
+		s.figure(t, "restarted and Running %s after creation with the same %s", since(start), ids[0])
+		deletePods(t, n.c, n.k, n.ns, "restarts")
+	})
+
+	step(t, kind, "plugin not back after a kubelet restart: a new pod fails admission, a finished one stays finished", func(s *scenario) {
 		before := n.state(t, "devices")
+		done := devicePod(n.ns, "done", devices(map[string]int64{fpgaResource: 1}))
+		done.Spec.Containers[0] = containerSpec("main", false, devices(map[string]int64{fpgaResource: 1}))
+		createPod(t, n.c, done)
+		waitPod(t, n.c, n.k, n.ns, "done", "Succeeded", podStartLimit, func(p *v1.Pod) bool { return p.Status.Phase == v1.PodSucceeded })
 		n.fpga.stop()
 		n.restartKubelet(t, false)
 		pod := devicePod(n.ns, "early", devices(map[string]int64{fpgaResource: 1}))
@@ -247,10 +304,15 @@ func scenarios(t *testing.T, n *node) {
 			t.Fatalf("pod early failed with reason %q (%q), want UnexpectedAdmissionError", p.Status.Reason, p.Status.Message)
 		}
 		s.figure(t, "Failed in %s: %s: %q", since(start), p.Status.Reason, p.Status.Message)
+		// The kubelet has synced pods since it started: the pod that ran
+		// to completion before was not admitted again.
+		if got := getPod(t, n.c, n.ns, "done"); got.Status.Phase != v1.PodSucceeded {
+			t.Fatalf("pod done is %s after the kubelet restart (%q), want it Succeeded still", got.Status.Phase, got.Status.Message)
+		}
 		n.fpga.start(t)
 		n.waitPluginsBack(t)
 		n.requireState(t, "devices", before)
-		deletePod(t, n.c, n.ns, "early", 0)
+		deletePods(t, n.c, n.k, n.ns, "early", "done")
 	})
 
 	step(t, kind, "a pod deleted while the kubelet is down: its devices are freed when it is back", func(s *scenario) {
@@ -283,6 +345,9 @@ func scenarios(t *testing.T, n *node) {
 		for _, name := range []string{"init", "sidecar", "main"} {
 			r := containerReport(t, p, name)
 			ids := fpgaIDsOf(r)
+			if len(ids) != 1 {
+				t.Fatalf("container %s sees %s devices %v, want one", name, fpgaResource, ids)
+			}
 			if name != "init" && !slices.Equal(ids, idsOf(devs[name], fpgaResource)) {
 				t.Fatalf("container %s sees %v, podresources gives it %v", name, ids, devs[name])
 			}
@@ -295,8 +360,13 @@ func scenarios(t *testing.T, n *node) {
 			t.Fatalf("the sidecar and the app container, running together, share %v", held["main"])
 		}
 		pattern := devicePattern(held)
-		if kind == devmgrKubelet && stockPattern != "" && pattern != stockPattern {
-			t.Fatalf("devices by container %s, the stock kubelet gave %s", pattern, stockPattern)
+		if kind == devmgrKubelet {
+			if stockPattern == "" {
+				t.Fatalf("devices by container %s; the stock kubelet's are unknown (its run failed before), nothing to compare with", pattern)
+			}
+			if pattern != stockPattern {
+				t.Fatalf("devices by container %s, the stock kubelet gave %s", pattern, stockPattern)
+			}
 		}
 		if kind == stockKubelet {
 			stockPattern = pattern
@@ -421,6 +491,13 @@ func handoff(t *testing.T, c *cluster.Cluster, rt *containerd) {
 				return c.Type == v1.PodScheduled && c.Reason == v1.PodReasonUnschedulable && strings.Contains(c.Message, "Insufficient "+fpgaResource)
 			})
 		})
+		// Bound past the scheduler, the kubelet itself refuses it: it
+		// counts the devices the pods it took over hold.
+		bound := devicePod(n.ns, "d-bound", devices(map[string]int64{fpgaResource: 1}))
+		bound.Spec.NodeName = n.k.node
+		createPod(t, c, bound)
+		p := waitPod(t, c, n.k, n.ns, "d-bound", "Failed", podStartLimit, func(p *v1.Pod) bool { return p.Status.Phase == v1.PodFailed })
+		s.figure(t, "a pod bound to the node for a held device refused: %s: %q", p.Status.Reason, p.Status.Message)
 		// A free sample device goes to a new pod, not pod a's.
 		startPod(t, c, n.k, devicePod(n.ns, "e", devices(map[string]int64{sampleResource: 1})))
 		got := idsOf(podDevices(t, n.ns, "e")["main"], sampleResource)

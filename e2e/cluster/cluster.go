@@ -161,29 +161,55 @@ func Start(t testing.TB, dir, name, bin string, args ...string) *Process {
 // working directory).
 func StartCmd(t testing.TB, dir, name string, cmd *exec.Cmd) *Process {
 	t.Helper()
+	p, err := Launch(dir, name, cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.StopAndReport(t) })
+	return p
+}
+
+// Launch starts cmd, its output in dir/name.log, killed with the test
+// process if that dies first. Unlike StartCmd, nothing stops it when a test
+// ends: the caller owns it.
+func Launch(dir, name string, cmd *exec.Cmd) (*Process, error) {
 	p := &Process{Name: name, Cmd: cmd, Log: filepath.Join(dir, name+".log"), Exited: make(chan struct{})}
 	out, err := os.Create(p.Log)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	p.Cmd.Stdout, p.Cmd.Stderr = out, out
 	p.Cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.Cmd.Start(); err != nil {
 		_ = out.Close()
-		t.Fatalf("start %s: %v", name, err)
+		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	go func() {
 		_ = p.Cmd.Wait() // the exit status is in Cmd.ProcessState
 		_ = out.Close()
 		close(p.Exited)
 	}()
-	t.Cleanup(func() {
-		p.Stop()
-		if t.Failed() {
-			t.Logf("%s output (last 4 KiB):\n%s", name, Tail([]byte(p.Output()), 4096))
-		}
-	})
-	return p
+	return p, nil
+}
+
+// StopAndReport stops the process and, when t failed, logs the end of its
+// output.
+func (p *Process) StopAndReport(t testing.TB) {
+	t.Helper()
+	p.Stop()
+	if t.Failed() {
+		t.Logf("%s output (last 4 KiB):\n%s", p.Name, Tail([]byte(p.Output()), 4096))
+	}
+}
+
+// Running reports whether the process has not exited yet.
+func (p *Process) Running() bool {
+	select {
+	case <-p.Exited:
+		return false
+	default:
+		return true
+	}
 }
 
 // Stop sends SIGTERM, kills after processGrace, and returns the exit code
@@ -235,7 +261,8 @@ func FreePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// ErrPortTaken: a component exited because a port it was given was taken.
+// ErrPortTaken means a component exited because a port it was given was
+// taken.
 var ErrPortTaken = errors.New("port taken")
 
 // startAttempts is how many times OnFreePorts starts a component.
