@@ -2,6 +2,7 @@ package devicemanager
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -41,22 +42,11 @@ func (m *ManagerImpl) Allocate(ctx context.Context, pod *v1.Pod, container *v1.C
 		m.mu.Unlock()
 		return ErrStopped
 	}
-	m.inflight[podUID]++
-	if m.reuse[podUID] == nil {
-		m.reuse[podUID] = map[string]sets.Set[string]{}
-	}
-	// The reuse pool only serves the pod being admitted; drop other pods'.
-	for uid := range m.reuse {
-		if uid != podUID && m.inflight[uid] == 0 {
-			delete(m.reuse, uid)
-		}
-	}
+	m.core.beginAllocate(podUID)
 	m.mu.Unlock()
 	defer func() {
 		m.mu.Lock()
-		if m.inflight[podUID]--; m.inflight[podUID] <= 0 {
-			delete(m.inflight, podUID)
-		}
+		m.core.endAllocate(podUID)
 		m.mu.Unlock()
 	}()
 
@@ -66,11 +56,59 @@ func (m *ManagerImpl) Allocate(ctx context.Context, pod *v1.Pod, container *v1.C
 	isInit, restartable := initContainerKind(pod, container.Name)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	pool := m.reuse[podUID]
-	if isInit && !restartable {
-		m.ledger.AddContainerDevices(podUID, container.Name, pool)
+	m.core.containerAdmitted(podUID, container.Name, isInit && !restartable)
+	return nil
+}
+
+// beginAllocate counts an Allocate call of the pod, which gets an
+// admission record if it has none. The reuse pool serves only the pod
+// being admitted: other pods with no call in progress lose theirs, and
+// their record when it holds nothing else.
+func (c *core) beginAllocate(podUID string) {
+	a := c.pods[podUID]
+	if a == nil {
+		a = &admission{}
+		c.pods[podUID] = a
+	}
+	if a.reuse == nil {
+		a.reuse = map[string]sets.Set[string]{}
+	}
+	a.calls++
+	for uid, other := range c.pods {
+		if uid == podUID || other.calls > 0 {
+			continue
+		}
+		other.reuse = nil
+		if other.lastCommit == 0 {
+			delete(c.pods, uid)
+		}
+	}
+}
+
+// endAllocate ends an Allocate call of the pod.
+func (c *core) endAllocate(podUID string) {
+	if a := c.pods[podUID]; a != nil {
+		a.calls--
+	}
+}
+
+// containerAdmitted updates the pod's reuse pool once a container has its
+// devices: a regular init container's devices go into it (handsOver), any
+// other container's leave it. Expects an Allocate call of the pod in
+// progress.
+func (c *core) containerAdmitted(podUID, container string, handsOver bool) {
+	pool := c.pods[podUID].reuse
+	if handsOver {
+		c.ledger.AddContainerDevices(podUID, container, pool)
 	} else {
-		m.ledger.RemoveContainerDevices(podUID, container.Name, pool)
+		c.ledger.RemoveContainerDevices(podUID, container, pool)
+	}
+}
+
+// reusable is the pod's reuse pool of resource; nil if empty.
+func (c *core) reusable(podUID, resource string) sets.Set[string] {
+	if a := c.pods[podUID]; a != nil {
+		return a.reuse[resource]
 	}
 	return nil
 }
@@ -136,11 +174,12 @@ func (m *ManagerImpl) allocateContainerResources(ctx context.Context, pod *v1.Po
 
 	var done []allocated
 	release := func() {
-		m.mu.Lock()
-		for _, a := range done {
-			m.ledger.Rollback(a.rid)
-			m.inflightDoneLocked(a.rid)
+		rids := make([]podstate.ReservationID, len(done))
+		for i, a := range done {
+			rids[i] = a.rid
 		}
+		m.mu.Lock()
+		m.signal(m.core.rollback(rids...))
 		m.mu.Unlock()
 	}
 	names := pluginResourceNames(pod, container)
@@ -153,7 +192,7 @@ func (m *ManagerImpl) allocateContainerResources(ctx context.Context, pod *v1.Po
 		m.mu.Lock()
 		// A resource only a connected plugin announced is a device-plugin
 		// resource too: its devices are on their way.
-		isPlugin := m.isDevicePluginResourceLocked(name) || m.notReadyReasonLocked(name) != ""
+		isPlugin := m.core.isDevicePluginResource(name) || m.core.notReadyReason(name, m.opts.Clock.Now()) != ""
 		m.mu.Unlock()
 		if !isPlugin {
 			if m.opts.requiresPlugin(name) {
@@ -180,20 +219,56 @@ func (m *ManagerImpl) allocateContainerResources(ctx context.Context, pod *v1.Po
 	}
 
 	m.mu.Lock()
-	resources := make([]string, 0, len(done))
+	resources, eff, err := m.core.record(podUID, container.Name, done)
+	m.signal(eff)
+	m.mu.Unlock()
+	if err != nil {
+		m.log.Error(err, "Failed to record allocation") // nothing but this call settles its reservations
+	}
+	if len(resources) == 0 {
+		return nil
+	}
+	if err := m.persist(eff.gen); err != nil {
+		// Never admitted, so no event: the records go without a trace.
+		m.mu.Lock()
+		m.core.undo(podUID, container.Name, resources)
+		m.mu.Unlock()
+		return &admissionError{
+			msg:      fmt.Sprintf("failed to write checkpoint, allocation of %v undone: %v", resources, err),
+			sentinel: ErrCheckpoint, cause: err,
+		}
+	}
+	m.mu.Lock()
+	m.signal(effects{events: m.core.admittedEvents(podUID, container.Name, resources)})
+	m.mu.Unlock()
+	return nil
+}
+
+// rollback gives back reservations whose admission failed.
+func (c *core) rollback(rids ...podstate.ReservationID) effects {
+	for _, rid := range rids {
+		c.ledger.Rollback(rid)
+	}
+	return effects{settled: len(rids) > 0}
+}
+
+// record turns the reservations of done, whose plugin calls succeeded, into
+// the container's records, and returns the resources recorded. A resource
+// that a concurrent Allocate of the same container recorded first keeps
+// that record, and this call's reservation is given back: a record is never
+// replaced, so undo and the events only ever touch this call's records.
+// Expects an Allocate call of the pod in progress.
+func (c *core) record(podUID, container string, done []allocated) (resources []string, eff effects, err error) {
+	eff.settled = true
+	var errs []error
 	for _, a := range done {
-		m.inflightDoneLocked(a.rid)
-		// A concurrent Allocate of the same container may have recorded
-		// this resource first. The container keeps that record and this
-		// reservation is given back: a record is never replaced, so the
-		// undo below and the events only ever touch this call's records.
-		if m.ledger.ContainerDevices(podUID, container.Name, a.resource) != nil {
-			m.ledger.Rollback(a.rid)
+		if c.ledger.ContainerDevices(podUID, container, a.resource) != nil {
+			c.ledger.Rollback(a.rid)
 			continue
 		}
 		// The record's NUMA map reads the topology of its devices.
 		var devs podstate.DeviceInstances
-		if r := m.resources[a.resource]; r != nil {
+		if r := c.resources[a.resource]; r != nil {
 			devs = make(podstate.DeviceInstances, len(a.ids))
 			for _, id := range a.ids {
 				if d := r.device(id); d != nil {
@@ -201,36 +276,24 @@ func (m *ManagerImpl) allocateContainerResources(ctx context.Context, pod *v1.Po
 				}
 			}
 		}
-		if err := m.ledger.Commit(a.rid, devs, a.resp); err != nil {
-			// Cannot happen: nothing but this call commits or rolls back its
-			// reservations.
-			m.log.Error(err, "Failed to record allocation", keyResource, a.resource)
+		if err := c.ledger.Commit(a.rid, devs, a.resp); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", a.resource, err))
+			continue
 		}
 		resources = append(resources, a.resource)
 	}
-	if len(resources) == 0 {
-		m.mu.Unlock()
-		return nil
+	if len(resources) > 0 {
+		eff.merge(c.changed())
+		c.commits++
+		c.pods[podUID].lastCommit = c.commits
 	}
-	m.gen++
-	gen := m.gen
-	m.commitSeq++
-	m.lastCommit[podUID] = m.commitSeq
-	m.mu.Unlock()
+	return resources, eff, errors.Join(errs...)
+}
 
-	if err := m.persist(gen); err != nil {
-		// Never admitted, so no event: the records go without a trace.
-		m.mu.Lock()
-		m.ledger.DeleteContainerResources(podUID, container.Name, resources...)
-		m.gen++
-		m.mu.Unlock()
-		return &admissionError{
-			msg:      fmt.Sprintf("failed to write checkpoint, allocation of %v undone: %v", resources, err),
-			sentinel: ErrCheckpoint, cause: err,
-		}
-	}
-	m.pushAdmitted(podUID, container.Name, resources)
-	return nil
+// undo drops the records an admission made, whose checkpoint write failed.
+func (c *core) undo(podUID, container string, resources []string) {
+	c.ledger.DeleteContainerResources(podUID, container, resources...)
+	c.gen++
 }
 
 // containerLogger returns the caller's logger when ctx carries one, else the
@@ -272,7 +335,7 @@ func (m *ManagerImpl) allocateResource(ctx context.Context, log klog.Logger, pod
 	}
 
 	m.mu.Lock()
-	in, ep, err := m.selectionInputLocked(podUID, container, name, required, affinity)
+	in, ep, err := m.selectionLocked(podUID, container, name, required, affinity)
 	if err != nil || in.Needed == 0 {
 		m.mu.Unlock()
 		return nil, err
@@ -286,7 +349,7 @@ func (m *ManagerImpl) allocateResource(ctx context.Context, log klog.Logger, pod
 			m.mu.Lock()
 			// The world may have moved while the plugin thought: start
 			// over with its answer.
-			in, ep, err = m.selectionInputLocked(podUID, container, name, required, affinity)
+			in, ep, err = m.selectionLocked(podUID, container, name, required, affinity)
 			if err != nil || in.Needed == 0 {
 				m.mu.Unlock()
 				return nil, err
@@ -298,10 +361,7 @@ func (m *ManagerImpl) allocateResource(ctx context.Context, log klog.Logger, pod
 		m.mu.Unlock()
 		return nil, err
 	}
-	rid, err := m.ledger.Reserve(podUID, container, name, ids)
-	if err == nil {
-		m.inflightRPCs[rid] = time.Now()
-	}
+	rid, err := m.core.ledger.Reserve(podUID, container, name, ids)
 	m.mu.Unlock()
 	if err != nil {
 		return nil, err
@@ -319,8 +379,7 @@ func (m *ManagerImpl) allocateResource(ctx context.Context, log klog.Logger, pod
 	}
 	if err != nil {
 		m.mu.Lock()
-		m.ledger.Rollback(rid)
-		m.inflightDoneLocked(rid)
+		m.signal(m.core.rollback(rid))
 		m.mu.Unlock()
 		return nil, pluginCallError(fmt.Sprintf("device plugin Allocate rpc for %s failed: ", name), err)
 	}
@@ -330,24 +389,32 @@ func (m *ManagerImpl) allocateResource(ctx context.Context, log klog.Logger, pod
 	return &allocated{rid: rid, resource: name, ids: ids, resp: resp.ContainerResponses[0]}, nil
 }
 
-// selectionInputLocked runs the admission checks for one resource and builds
-// the selection input. Needed is 0 when the container needs no new devices.
-// Expects m.mu held.
-func (m *ManagerImpl) selectionInputLocked(podUID, container, name string, required int,
+// selectionLocked is core.selection with what the manager knows of the
+// pods and the time. Expects m.mu held.
+func (m *ManagerImpl) selectionLocked(podUID, container, name string, required int,
 	affinity *topology.BitMask) (podstate.SelectInput, *endpoint.Endpoint, error) {
-	needed, err := m.checkLocked(podUID, container, name, required)
+	return m.core.selection(podUID, container, name, required, affinity,
+		m.podSource.alreadyRunning(podUID, container), m.opts.Clock.Now())
+}
+
+// selection runs the admission checks for one resource and builds the
+// selection input, with the endpoint to ask. Needed is 0 when the
+// container needs no new devices.
+func (c *core) selection(podUID, container, name string, required int, affinity *topology.BitMask,
+	alreadyRunning bool, now time.Time) (podstate.SelectInput, *endpoint.Endpoint, error) {
+	needed, err := c.check(podUID, container, name, required, alreadyRunning, now)
 	if err != nil || needed == 0 {
 		return podstate.SelectInput{}, nil, err
 	}
-	r := m.resources[name] // registered, or the check would have failed
+	r := c.resources[name] // registered, or the check would have failed
 	if r.primary == nil {
 		return podstate.SelectInput{}, nil, &admissionError{msg: "unknown Device Plugin " + name, sentinel: ErrUnknownPlugin}
 	}
 	var reusable []string
-	if pool := m.reuse[podUID][name]; pool.Len() > 0 {
+	if pool := c.reusable(podUID, name); pool.Len() > 0 {
 		reusable = sets.List(pool)
 	}
-	free := m.freeLocked(r)
+	free := c.free(r)
 	in := podstate.SelectInput{
 		Resource: name, Required: required, Needed: needed, Reusable: reusable, Available: free,
 	}
@@ -356,27 +423,27 @@ func (m *ManagerImpl) selectionInputLocked(podUID, container, name string, requi
 	if affinity == nil {
 		in.Tiers.NoTopology = r.sortedHealthy()
 	} else {
-		in.Tiers = m.censusLocked(r).Tiers(affinity, r.sortedHealthy(), free.Has)
+		in.Tiers = c.census(r).Tiers(affinity, r.sortedHealthy(), free.Has)
 	}
 	return in, r.primary, nil
 }
 
-// checkLocked runs the kubelet's admission checks for one resource and
-// returns how many devices the container still needs. A resource that is
-// not ready is refused with ErrPluginNotReady rather than for having no
-// healthy device. Expects m.mu held.
-func (m *ManagerImpl) checkLocked(podUID, container, name string, required int) (int, error) {
+// check runs the kubelet's admission checks for one resource and returns
+// how many devices the container still needs. A resource that is not ready
+// is refused with ErrPluginNotReady rather than for having no healthy
+// device.
+func (c *core) check(podUID, container, name string, required int, alreadyRunning bool, now time.Time) (int, error) {
 	check := podstate.RequestCheck{
 		PodUID: podUID, ContainerName: container, Resource: name, Required: required,
-		Held:           m.ledger.ContainerDevices(podUID, container, name),
-		AlreadyRunning: !m.sourcesReady.AllReady() && m.containerMap.IsRunning(podUID, container, m.running),
+		Held:           c.ledger.ContainerDevices(podUID, container, name),
+		AlreadyRunning: alreadyRunning,
 	}
-	if r := m.resources[name]; r != nil {
+	if r := c.resources[name]; r != nil {
 		check.Registered = r.registered
 		check.Healthy = healthySet{r}
 	}
 	needed, err := podstate.CheckRequest(check)
-	return needed, m.notReadyLocked(name, err)
+	return needed, c.notReady(name, err, now)
 }
 
 // healthySet presents the devices of r that count as healthy as a set.
@@ -399,99 +466,6 @@ func (m *ManagerImpl) preferredAllocation(ctx context.Context, log klog.Logger, 
 	}
 	if rs := resp.GetContainerResponses(); len(rs) > 0 {
 		return rs[0].GetDeviceIDs()
-	}
-	return nil
-}
-
-// GetDeviceRunContainerOptions returns what the runtime needs for the
-// container's devices. For each device-plugin resource of the container it
-// first calls PreStartContainer when the plugin asked for it; if the
-// container of an active pod has no record for a resource (a race at node
-// restart), it is allocated again. It returns nil, nil for a container without
-// allocations.
-func (m *ManagerImpl) GetDeviceRunContainerOptions(ctx context.Context, pod *v1.Pod, container *v1.Container) (*DeviceRunContainerOptions, error) {
-	if err := checkRequest(pod, container); err != nil {
-		return nil, err
-	}
-	podUID := string(pod.UID)
-	m.mu.Lock()
-	activePods := m.activePods
-	m.mu.Unlock()
-	var active *bool
-	isActive := func() bool {
-		if active == nil {
-			found := slices.ContainsFunc(activePods(), func(p *v1.Pod) bool { return p.UID == pod.UID })
-			active = &found
-		}
-		return *active
-	}
-
-	needsAllocation := false
-	for _, name := range sortedResourceNames(container.Resources.Limits) {
-		if q := container.Resources.Limits[v1.ResourceName(name)]; q.IsZero() {
-			continue
-		}
-		m.mu.Lock()
-		isPlugin := m.isDevicePluginResourceLocked(name)
-		m.mu.Unlock()
-		if !isPlugin {
-			continue
-		}
-		if err := m.preStartIfNeeded(ctx, podUID, container.Name, name); err != nil {
-			return nil, err
-		}
-		if !isActive() {
-			continue
-		}
-		m.mu.Lock()
-		held := m.ledger.ContainerDevices(podUID, container.Name, name)
-		m.mu.Unlock()
-		if held == nil {
-			needsAllocation = true
-		}
-	}
-	if needsAllocation {
-		if err := m.Allocate(ctx, pod, container); err != nil {
-			return nil, err
-		}
-	}
-	m.mu.Lock()
-	opts, conflicts := m.ledger.RunOptions(podUID, container.Name)
-	m.mu.Unlock()
-	for _, c := range conflicts {
-		m.log.Error(nil, "Conflicting device settings between resources; the first one wins",
-			keyPodUID, podUID, keyContainer, container.Name, keyConflict, c.String())
-	}
-	return opts, nil
-}
-
-// preStartIfNeeded calls PreStartContainer with the container's devices of
-// resource when its plugin asked for it.
-func (m *ManagerImpl) preStartIfNeeded(ctx context.Context, podUID, container, name string) error {
-	m.mu.Lock()
-	r := m.resources[name]
-	if r == nil || r.primary == nil {
-		m.mu.Unlock()
-		return &admissionError{msg: "endpoint not found in cache for a registered resource: " + name, sentinel: ErrUnknownPlugin}
-	}
-	ep := r.primary
-	if !ep.Options().GetPreStartRequired() {
-		m.mu.Unlock()
-		return nil
-	}
-	held := m.ledger.ContainerDevices(podUID, container, name)
-	m.mu.Unlock()
-	if held == nil {
-		return fmt.Errorf("no devices found allocated in local cache for pod %s, container %s, resource %s", podUID, container, name)
-	}
-	ids := sets.List(held)
-	m.log.V(4).Info("Issuing PreStartContainer", keyResource, name, keyPodUID, podUID, keyContainer, container, keyDeviceIDs, ids)
-	start := time.Now()
-	_, err := ep.PreStartContainer(ctx, ids)
-	m.metrics.preStart.WithLabelValues(name).Observe(time.Since(start).Seconds())
-	if err != nil {
-		m.metrics.rpcErrors.WithLabelValues(name, methodPreStartContainer).Inc()
-		return pluginCallError("device plugin PreStartContainer rpc failed with err: ", err)
 	}
 	return nil
 }

@@ -43,7 +43,7 @@ func TestRequirePluginFailureReleasesEarlierResources(t *testing.T) {
 	h.pods.add(p, q)
 	require.ErrorIs(t, h.admit(p), ErrUnregisteredResource)
 	require.NoError(t, h.admit(q), "p's device was released")
-	assert.Zero(t, h.m.ledger.Pending())
+	assert.Zero(t, h.m.core.ledger.Pending())
 }
 
 // An admission garbage-collects inactive pods first, so their devices are free.
@@ -69,7 +69,7 @@ func TestCheckpointFailureUndoesAllocation(t *testing.T) {
 	s.set(true, false)
 	require.ErrorIs(t, h.admit(pod), ErrCheckpoint)
 	assert.Nil(t, h.m.GetDevices("p", "app"))
-	assert.Zero(t, h.m.ledger.AllocatedCount(res1))
+	assert.Zero(t, h.m.core.ledger.AllocatedCount(res1))
 }
 
 // A container allocated while another call for it waited on the plugin's
@@ -119,7 +119,7 @@ func TestEmptyAllocateResponseFails(t *testing.T) {
 	err := h.admit(pod)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "no containers return in allocation response")
-	assert.Zero(t, h.m.ledger.AllocatedCount(res1), "device released")
+	assert.Zero(t, h.m.core.ledger.AllocatedCount(res1), "device released")
 }
 
 // A container found running at start skips the health checks only while the

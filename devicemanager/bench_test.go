@@ -148,7 +148,7 @@ func BenchmarkDeviceListReplaced(b *testing.B) {
 // one after the other and round again.
 func applyAlternately(b *testing.B, h *harness, res string, lists ...[]*pluginapi.Device) {
 	h.m.mu.Lock()
-	ep := h.m.resources[res].primary
+	ep := h.m.core.resources[res].primary
 	h.m.mu.Unlock()
 	i := 0
 	b.ReportAllocs()
@@ -191,8 +191,8 @@ func BenchmarkStartWith1000PodCheckpoint(b *testing.B) {
 		}
 		b.StopTimer()
 		require0(b, m.Stop())
-		if m.ledger.Len() != 1000 {
-			b.Fatalf("restored %d pods", m.ledger.Len())
+		if m.core.ledger.Len() != 1000 {
+			b.Fatalf("restored %d pods", m.core.ledger.Len())
 		}
 		b.StartTimer()
 	}
@@ -266,7 +266,7 @@ func BenchmarkSelectionInput(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		h.m.mu.Lock()
-		in, _, err := h.m.selectionInputLocked("probe", "app", res1, 1, nil)
+		in, _, err := h.m.selectionLocked("probe", "app", res1, 1, nil)
 		var ids []string
 		free := -1
 		if err == nil {

@@ -11,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/openkubelet/devmgr/podstate"
 	"github.com/openkubelet/devmgr/topology"
 )
 
@@ -65,9 +64,9 @@ func TestHintsCensusStaysExact(t *testing.T) {
 			pod := newPod("probe", ctr("app", res1, request))
 			got := h.m.GetTopologyHints(pod, &pod.Spec.Containers[0])[res1]
 			h.m.mu.Lock()
-			r := h.m.resources[res1]
+			r := h.m.core.resources[res1]
 			want := topology.ResourceHints(topology.HintRequest{
-				MachineNodes: h.opts.NUMANodes, Devices: r.deviceMap(), Available: available(h.m, r),
+				MachineNodes: h.opts.NUMANodes, Devices: r.deviceMap(), Available: available(h.m.core, r),
 				Reusable: sets.New[string](), Request: request,
 			})
 			h.m.mu.Unlock()
@@ -85,7 +84,7 @@ func (h *harness) waitDevices(res string, devs []*pluginapi.Device) {
 	h.eventually(func() bool {
 		h.m.mu.Lock()
 		defer h.m.mu.Unlock()
-		r := h.m.resources[res]
+		r := h.m.core.resources[res]
 		if r == nil || len(r.devices) != len(devs) {
 			return false
 		}
@@ -104,9 +103,9 @@ func checkAvailable(t *testing.T, m *ManagerImpl, resource string) {
 	t.Helper()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	r := m.resources[resource]
-	want := available(m, r)
-	view := m.freeLocked(r)
+	r := m.core.resources[resource]
+	want := available(m.core, r)
+	view := m.core.free(r)
 	require.Equal(t, want.Len(), view.Len(), "free devices counted")
 	for id := range r.deviceMap() {
 		require.Equal(t, want.Has(id), view.Has(id), "device %s counted free", id)
@@ -115,10 +114,10 @@ func checkAvailable(t *testing.T, m *ManagerImpl, resource string) {
 
 // available returns, from scratch, the healthy devices of r that no record or
 // reservation holds. Expects m.mu held.
-func available(m *ManagerImpl, r *resourceState) sets.Set[string] {
+func available(c *core, r *resourceState) sets.Set[string] {
 	out := sets.New[string]()
 	for id, d := range r.deviceMap() {
-		if d.Health == pluginapi.Healthy && !r.down && !m.ledger.IsAllocated(r.name, id) {
+		if d.Health == pluginapi.Healthy && !r.down && !c.ledger.IsAllocated(r.name, id) {
 			out.Insert(id)
 		}
 	}
@@ -129,28 +128,28 @@ func available(m *ManagerImpl, r *resourceState) sets.Set[string] {
 // census: admissions with an affinity are tiered by the new nodes, and hints
 // count them, unhealthy devices included.
 func TestCensusFollowsTopologyOnlyUpdates(t *testing.T) {
-	m := &ManagerImpl{resources: map[string]*resourceState{}, ledger: podstate.NewLedger(), readyChanged: make(chan struct{})}
+	c := newCore(limits{})
 	r := newResource(res1)
-	m.resources[res1] = r
+	c.resources[res1] = r
 	r.setDevices([]*pluginapi.Device{dev("a", pluginapi.Healthy, 0), dev("b", pluginapi.Healthy, 1), dev("c", pluginapi.Unhealthy, 0)})
 	node0 := topology.BitMask(1)
-	m.censusLocked(r)
+	c.census(r)
 
 	// Healthy devices swap nodes.
 	r.setDevices([]*pluginapi.Device{dev("a", pluginapi.Healthy, 1), dev("b", pluginapi.Healthy, 0), dev("c", pluginapi.Unhealthy, 0)})
-	got := m.censusLocked(r).Tiers(&node0, r.sortedHealthy(), m.freeLocked(r).Has)
+	got := c.census(r).Tiers(&node0, r.sortedHealthy(), c.free(r).Has)
 	require.Equal(t, []string{"b"}, got.Aligned)
 	require.Equal(t, []string{"a"}, got.Unaligned)
 
 	// An unhealthy device gains a node, and its health string changes too:
 	// the resource becomes topology-aware.
 	r = newResource(res2)
-	m.resources[res2] = r
+	c.resources[res2] = r
 	r.setDevices([]*pluginapi.Device{dev("a", pluginapi.Healthy), dev("c", pluginapi.Unhealthy)})
-	m.censusLocked(r)
+	c.census(r)
 	r.setDevices([]*pluginapi.Device{dev("a", pluginapi.Healthy), dev("c", "Unknown", 0)})
 	want := topology.ResourceHints(topology.HintRequest{
-		MachineNodes: []int{0, 1}, Devices: r.deviceMap(), Available: available(m, r), Reusable: sets.New[string](), Request: 1,
+		MachineNodes: []int{0, 1}, Devices: r.deviceMap(), Available: available(c, r), Reusable: sets.New[string](), Request: 1,
 	})
-	require.Equal(t, want, m.censusLocked(r).Hints([]int{0, 1}, nil, sets.New[string](), nil, 1))
+	require.Equal(t, want, c.census(r).Hints([]int{0, 1}, nil, sets.New[string](), nil, 1))
 }

@@ -88,13 +88,13 @@ func (m *ManagerImpl) UndeliveredEvents() []Event {
 	return m.events.undelivered()
 }
 
-// pushReleasedLocked reports what the given pods hold as released. Expects
-// m.mu held, and the pods' records still in the ledger.
-func (m *ManagerImpl) pushReleasedLocked(podUIDs []string, reason ReleaseReason) {
-	if m.events == nil {
-		return
+// releasedEvents reports what the given pods hold as released; none when
+// Events are not reported. The pods' records must still be in the ledger.
+func (c *core) releasedEvents(podUIDs []string, reason ReleaseReason) []Event {
+	if !c.events {
+		return nil
 	}
-	held := m.ledger.Holdings(podUIDs...)
+	held := c.ledger.Holdings(podUIDs...)
 	evs := make([]Event, len(held))
 	for i, h := range held {
 		evs[i] = Event{
@@ -102,26 +102,25 @@ func (m *ManagerImpl) pushReleasedLocked(podUIDs []string, reason ReleaseReason)
 			ResourceName: h.Resource, DeviceIDs: h.DeviceIDs, Reason: reason,
 		}
 	}
-	m.events.push(evs...)
+	return evs
 }
 
-// pushAdmitted reports the container's records of resources as admitted.
-// The caller is the Allocate call that made them, still counted in
-// m.inflight, so garbage collection cannot have dropped them.
-func (m *ManagerImpl) pushAdmitted(podUID, container string, resources []string) {
-	if m.events == nil {
-		return
+// admittedEvents reports the container's records of resources as
+// admitted; none when Events are not reported. The Allocate call that made
+// them is still in progress, so garbage collection cannot have dropped
+// them.
+func (c *core) admittedEvents(podUID, container string, resources []string) []Event {
+	if !c.events {
+		return nil
 	}
-	m.mu.Lock()
 	evs := make([]Event, 0, len(resources))
 	for _, res := range resources {
-		ids := m.ledger.ContainerDevices(podUID, container, res).UnsortedList()
+		ids := c.ledger.ContainerDevices(podUID, container, res).UnsortedList()
 		slices.Sort(ids)
 		evs = append(evs, Event{
 			Kind: EventAdmitted, PodUID: podUID, ContainerName: container,
 			ResourceName: res, DeviceIDs: ids,
 		})
 	}
-	m.mu.Unlock()
-	m.events.push(evs...)
+	return evs
 }

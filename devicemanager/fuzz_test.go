@@ -428,7 +428,7 @@ func newFuzzFixture(f *testing.F) *fuzzFixture {
 	fuzzUntil(f, func() bool {
 		fx.m.mu.Lock()
 		defer fx.m.mu.Unlock()
-		r := fx.m.resources[fuzzRes]
+		r := fx.m.core.resources[fuzzRes]
 		if r != nil && r.healthyLen() == len(fx.base) {
 			fx.ep = r.primary
 		}
@@ -504,10 +504,10 @@ func (fx *fuzzFixture) check(t *testing.T, devs []*pluginapi.Device) {
 	}
 	m := fx.m
 	m.mu.Lock()
-	r := m.resources[fuzzRes]
+	r := m.core.resources[fuzzRes]
 	healthy, unhealthy, wrong := healthIDs(r)
 	known := sets.KeySet(r.deviceMap())
-	pending := m.ledger.Pending()
+	pending := m.core.ledger.Pending()
 	m.mu.Unlock()
 	if wrong != "" {
 		t.Fatal(wrong)

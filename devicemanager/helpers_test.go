@@ -349,9 +349,9 @@ func (s *faultyStore) set(fail, writeThenFail bool) {
 	s.failWrites, s.writeThenFail = fail, writeThenFail
 }
 func (h *harness) faultyStore() *faultyStore {
-	h.m.writeMu.Lock() // no write in progress
-	defer h.m.writeMu.Unlock()
-	s := &faultyStore{Manager: h.m.store}
-	h.m.store = s
+	h.m.writer.mu.Lock() // no write in progress
+	defer h.m.writer.mu.Unlock()
+	s := &faultyStore{Manager: h.m.writer.store}
+	h.m.writer.store = s
 	return s
 }

@@ -23,11 +23,11 @@ func (m *ManagerImpl) GetTopologyHints(pod *v1.Pod, container *v1.Container) map
 	hints := map[string][]topology.Hint{}
 	for name, q := range container.Resources.Limits {
 		res := string(name)
-		if !m.isDevicePluginResourceLocked(res) {
+		if !m.core.isDevicePluginResource(res) {
 			continue
 		}
-		hints[res] = m.hintsLocked(res, int(q.Value()),
-			m.ledger.ContainerDevices(podUID, container.Name, res), m.reuse[podUID][res])
+		hints[res] = m.core.hints(res, int(q.Value()),
+			m.core.ledger.ContainerDevices(podUID, container.Name, res), m.core.reusable(podUID, res))
 	}
 	return hints
 }
@@ -46,19 +46,19 @@ func (m *ManagerImpl) GetPodTopologyHints(pod *v1.Pod) map[string][]topology.Hin
 	defer m.mu.Unlock()
 	hints := map[string][]topology.Hint{}
 	for res, n := range requests {
-		if !m.isDevicePluginResourceLocked(res) {
+		if !m.core.isDevicePluginResource(res) {
 			continue
 		}
-		hints[res] = m.hintsLocked(res, int(n), m.ledger.PodDevices(podUID, res), nil)
+		hints[res] = m.core.hints(res, int(n), m.core.ledger.PodDevices(podUID, res), nil)
 	}
 	return hints
 }
 
-// hintsLocked computes the hints of one resource. Expects m.mu held.
-func (m *ManagerImpl) hintsLocked(res string, request int, held, reusable sets.Set[string]) []topology.Hint {
-	r := m.resources[res]
-	if r == nil || len(m.opts.NUMANodes) == 0 {
+// hints computes the hints of one resource.
+func (c *core) hints(res string, request int, held, reusable sets.Set[string]) []topology.Hint {
+	r := c.resources[res]
+	if r == nil || len(c.numaNodes) == 0 {
 		return nil
 	}
-	return m.censusLocked(r).Hints(m.opts.NUMANodes, m.ledger.Allocated(res), reusable, held, request)
+	return c.census(r).Hints(c.numaNodes, c.ledger.Allocated(res), reusable, held, request)
 }

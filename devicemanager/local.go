@@ -75,7 +75,7 @@ func (m *ManagerImpl) RegisterLocal(resourceName string, server pluginapi.Device
 		cancel()
 		return nil, fmt.Errorf("register local resource %q: the device manager is not running: %w", resourceName, ErrStopped)
 	case m.connectingLocal.Has(resourceName) ||
-		m.resources[resourceName] != nil && m.resources[resourceName].instances[name] != nil:
+		m.core.resources[resourceName] != nil && m.core.resources[resourceName].instances[name] != nil:
 		m.mu.Unlock()
 		cancel()
 		return nil, fmt.Errorf("register local resource %q: already registered locally", resourceName)

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"time"
 
 	"google.golang.org/grpc"
 	v1 "k8s.io/api/core/v1"
@@ -18,7 +17,6 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/openkubelet/devmgr/checkpoint"
-	"github.com/openkubelet/devmgr/endpoint"
 	"github.com/openkubelet/devmgr/podstate"
 )
 
@@ -31,15 +29,20 @@ const (
 )
 
 // ManagerImpl is the device manager. Every method is safe for concurrent use.
+//
+// Its state and the rules that change it are the core's (core.go); the
+// manager holds the lock around the core, runs the goroutines, calls the
+// plugins and writes the checkpoint.
 type ManagerImpl struct {
-	opts          Options
-	log           klog.Logger
-	store         checkpoint.Manager
-	kubeletSocket string
-	updates       *queue[ResourceUpdate]
-	// events is nil unless Options.Events is set.
-	events  *queue[Event]
+	opts    Options
+	log     klog.Logger
 	metrics *metrics
+	updates *queue[ResourceUpdate]
+	// events is nil unless Options.Events is set.
+	events *queue[Event]
+	// writer writes the checkpoint; its lock is taken before mu, never
+	// while mu is held.
+	writer checkpointWriter
 
 	// ctx is cancelled by Stop; every goroutine the manager starts ends
 	// with it, but the queues' senders, which their close ends.
@@ -50,64 +53,101 @@ type ManagerImpl struct {
 	// stopOnce makes Stop idempotent.
 	stopOnce sync.Once
 
-	// writeMu serialises checkpoint writes. It is taken before mu, never
-	// while mu is held.
-	writeMu sync.Mutex
-	// writtenGen is the state generation the file reflects and lastBlob
-	// what the file holds (nil when unknown); doc encodes the documents.
-	// Guarded by writeMu.
-	writtenGen uint64
-	lastBlob   []byte
-	doc        *checkpoint.Data
-
 	// mu guards everything below.
 	mu    sync.Mutex
 	state lifecycle
-	// resources holds one record per resource a plugin registered or the
-	// checkpoint named.
-	resources map[string]*resourceState
-	ledger    *podstate.Ledger
-	// reuse holds, per pod being admitted, devices its regular init containers
-	// used and later containers may take again.
-	reuse map[string]map[string]sets.Set[string]
-	// inflight counts Allocate calls in progress per pod; such pods are
-	// neither garbage-collected nor lose their reuse pool.
-	inflight     map[string]int
-	activePods   ActivePodsFunc
-	sourcesReady SourcesReady
-	containerMap podstate.ContainerMap
-	running      sets.Set[string]
-	// inflightRPCs holds the reservations whose plugin call is in flight,
-	// with its start: checkpoint writes wait briefly for them (group
-	// commit). inflightChanged is closed, and replaced, when one ends.
-	inflightRPCs    map[podstate.ReservationID]time.Time
-	inflightChanged chan struct{}
-	// readyChanged is closed, and replaced, when a resource that was not
-	// ready or listed no device gets a device list, or a resource is
-	// removed: Allocate calls waiting for a plugin
-	// (Options.PluginWaitTimeout) look again.
-	readyChanged chan struct{}
-	// commitSeq numbers commits of allocations; lastCommit holds each pod's
-	// last one (garbage collection must not drop a pod admitted after it
-	// read the active pods).
-	commitSeq  uint64
-	lastCommit map[string]uint64
-	// gen counts changes of the checkpoint's content.
-	gen uint64
-	// connSeq numbers plugin registrations.
-	connSeq  uint64
-	server   *grpc.Server
-	serveErr error
-	// sock identifies the kubelet.sock file this manager created, and
-	// dirLocks hold the flocks on SocketDir and CheckpointDir; both from
-	// Start until Stop.
-	sock     fs.FileInfo
-	dirLocks dirLocks
+	core  *core
+	// podSource is what the embedder tells of its pods.
+	podSource podSource
+	// readyChanged wakes Allocate calls waiting for a plugin
+	// (Options.PluginWaitTimeout); settled wakes checkpoint writes waiting
+	// for plugin calls in flight (the group commit).
+	readyChanged, settled broadcast
+	// serving is what Start set up, until Stop.
+	serving serving
 	// registry maps each registry socket to the plugin it registered.
 	registry map[string]registryEntry
 	// connectingLocal holds the resources a RegisterLocal call is
 	// connecting, so that a concurrent call for one of them is refused.
 	connectingLocal sets.Set[string]
+}
+
+// podSource is what the embedder tells the manager of its pods at Start.
+type podSource struct {
+	activePods   ActivePodsFunc
+	sourcesReady SourcesReady
+	containerMap podstate.ContainerMap
+	running      sets.Set[string]
+}
+
+// alreadyRunning reports whether the container was running when the
+// manager started while the pod sources are not ready yet: then it is not
+// checked again (the kubelet's rule).
+func (p podSource) alreadyRunning(podUID, container string) bool {
+	return !p.sourcesReady.AllReady() && p.containerMap.IsRunning(podUID, container, p.running)
+}
+
+// serving is the registration server and what Start claimed for it.
+type serving struct {
+	server *grpc.Server
+	err    error // why the server stopped serving, if it did
+	// sock identifies the kubelet.sock file this manager created, and
+	// locks hold the flocks on SocketDir and CheckpointDir.
+	sock  fs.FileInfo
+	locks dirLocks
+}
+
+// broadcast wakes every waiter at once. Use it under the lock that guards
+// it.
+type broadcast struct{ ch chan struct{} }
+
+// wait returns a channel closed at the next notify.
+func (b *broadcast) wait() <-chan struct{} {
+	if b.ch == nil {
+		b.ch = make(chan struct{})
+	}
+	return b.ch
+}
+
+func (b *broadcast) notify() {
+	if b.ch != nil {
+		close(b.ch)
+		b.ch = nil
+	}
+}
+
+// signal carries out, under m.mu, what eff asks of the manager besides the
+// checkpoint write: the sends on Updates and Events, queued before the
+// change is visible to others, and the wake-ups. Expects m.mu held.
+func (m *ManagerImpl) signal(eff effects) {
+	if len(eff.notify) > 0 {
+		m.updates.push(ResourceUpdate{PodUIDs: eff.notify})
+	}
+	if m.events != nil {
+		m.events.push(eff.events...)
+	}
+	if eff.ready {
+		m.readyChanged.notify()
+	}
+	if eff.settled {
+		m.settled.notify()
+	}
+}
+
+// persistFor writes the checkpoint when eff asks for it, logging a failure
+// with what. Expects m.mu not held.
+func (m *ManagerImpl) persistFor(eff effects, what string) {
+	if !eff.write {
+		return
+	}
+	if err := m.persist(eff.gen); err != nil {
+		m.log.Error(err, "Failed to write checkpoint "+what)
+	}
+}
+
+// kubeletSocket is the path of the registration socket.
+func (m *ManagerImpl) kubeletSocket() string {
+	return filepath.Join(m.opts.SocketDir, KubeletSocketName)
 }
 
 // NewManagerImpl returns a manager configured by opts. It validates the
@@ -123,25 +163,19 @@ func NewManagerImpl(opts Options) (*ManagerImpl, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &ManagerImpl{
-		opts:            opts,
-		log:             opts.Logger.WithName("devicemanager"),
-		store:           store,
-		kubeletSocket:   filepath.Join(opts.SocketDir, KubeletSocketName),
-		updates:         newUpdateQueue(),
-		ctx:             ctx,
-		cancel:          cancel,
-		resources:       map[string]*resourceState{},
-		ledger:          podstate.NewLedger(),
-		reuse:           map[string]map[string]sets.Set[string]{},
-		inflight:        map[string]int{},
-		inflightRPCs:    map[podstate.ReservationID]time.Time{},
-		lastCommit:      map[string]uint64{},
+		opts:    opts,
+		log:     opts.Logger.WithName("devicemanager"),
+		updates: newUpdateQueue(),
+		writer:  checkpointWriter{store: store, doc: checkpoint.New(nil, nil)},
+		ctx:     ctx,
+		cancel:  cancel,
+		core: newCore(limits{
+			maxResources: opts.MaxResources, maxInstances: opts.MaxInstancesPerResource,
+			maxDevices: opts.MaxDevicesPerResource, grace: opts.StopGracePeriod,
+			numaNodes: opts.NUMANodes, events: opts.Events,
+		}),
+		podSource:       podSource{activePods: func() []*v1.Pod { return nil }, sourcesReady: alwaysReady{}},
 		connectingLocal: sets.New[string](),
-		inflightChanged: make(chan struct{}),
-		readyChanged:    make(chan struct{}),
-		activePods:      func() []*v1.Pod { return nil },
-		sourcesReady:    alwaysReady{},
-		doc:             checkpoint.New(nil, nil),
 	}
 	if opts.Events {
 		m.events = newQueue[Event](0, nil)
@@ -199,13 +233,13 @@ func (m *ManagerImpl) Start(activePods ActivePodsFunc, sourcesReady SourcesReady
 		return ErrStopped
 	}
 	if activePods != nil {
-		m.activePods = activePods
+		m.podSource.activePods = activePods
 	}
 	if sourcesReady != nil {
-		m.sourcesReady = sourcesReady
+		m.podSource.sourcesReady = sourcesReady
 	}
-	m.containerMap = initialContainers
-	m.running = initialRunning
+	m.podSource.containerMap = initialContainers
+	m.podSource.running = initialRunning
 	reconcile := activePods != nil
 	m.mu.Unlock()
 
@@ -236,8 +270,7 @@ func (m *ManagerImpl) Start(activePods ActivePodsFunc, sourcesReady SourcesReady
 		return ErrStopped
 	}
 	m.state = started
-	m.server = server
-	m.sock, m.dirLocks = sock, locks
+	m.serving = serving{server: server, sock: sock, locks: locks}
 	m.wg.Add(1)
 	m.mu.Unlock()
 
@@ -245,7 +278,7 @@ func (m *ManagerImpl) Start(activePods ActivePodsFunc, sourcesReady SourcesReady
 		defer m.wg.Done()
 		if err := server.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			m.mu.Lock()
-			m.serveErr = err
+			m.serving.err = err
 			m.mu.Unlock()
 			m.log.Error(err, "Registration server stopped serving")
 		}
@@ -256,7 +289,7 @@ func (m *ManagerImpl) Start(activePods ActivePodsFunc, sourcesReady SourcesReady
 			return err
 		}
 	}
-	m.log.V(2).Info("Device manager started", keySocket, m.kubeletSocket)
+	m.log.V(2).Info("Device manager started", keySocket, m.kubeletSocket())
 	return nil
 }
 
@@ -291,13 +324,8 @@ func (m *ManagerImpl) Stop() error {
 	m.stopOnce.Do(func() {
 		m.mu.Lock()
 		m.state = stopped
-		server, sock, locks := m.server, m.sock, m.dirLocks
-		var eps []*endpoint.Endpoint
-		for _, r := range m.resources {
-			for _, in := range r.instances {
-				eps = append(eps, in.ep)
-			}
-		}
+		server, sock, locks := m.serving.server, m.serving.sock, m.serving.locks
+		eps := m.core.endpoints()
 		m.mu.Unlock()
 
 		m.cancel()
@@ -326,8 +354,8 @@ func (m *ManagerImpl) HealthCheck() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	switch {
-	case m.serveErr != nil:
-		return fmt.Errorf("device registration error: device plugin registration gRPC server failed and no device plugins can register: %w", m.serveErr)
+	case m.serving.err != nil:
+		return fmt.Errorf("device registration error: device plugin registration gRPC server failed and no device plugins can register: %w", m.serving.err)
 	case m.state == created:
 		return errors.New("device registration error: device manager is not started")
 	case m.state == stopped:

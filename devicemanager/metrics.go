@@ -154,14 +154,14 @@ func (c deviceCollector) Collect(ch chan<- prometheus.Metric) {
 	m := c.m
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for name, r := range m.resources {
+	for name, r := range m.core.resources {
 		if !r.registered {
 			continue
 		}
 		ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(r.healthyLen()), name, "healthy")
 		ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(r.capacityLen()-r.healthyLen()), name, "unhealthy")
 	}
-	for _, name := range m.ledger.AllocatedResources() {
-		ch <- prometheus.MustNewConstMetric(allocatedDesc, prometheus.GaugeValue, float64(m.ledger.AllocatedCount(name)), name)
+	for _, name := range m.core.ledger.AllocatedResources() {
+		ch <- prometheus.MustNewConstMetric(allocatedDesc, prometheus.GaugeValue, float64(m.core.ledger.AllocatedCount(name)), name)
 	}
 }

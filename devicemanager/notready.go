@@ -19,41 +19,34 @@ import (
 // refuses such a resource at once, or waits for it up to
 // Options.PluginWaitTimeout.
 
-// notReadyReasonLocked returns why resource name is not ready, or "" when
+// notReadyReason returns why resource name is not ready at now, or "" when
 // it is ready or not known at all (never registered, or removed once its
-// grace period was over). Expects m.mu held.
-func (m *ManagerImpl) notReadyReasonLocked(name string) string {
-	r := m.resources[name]
+// grace period was over).
+func (c *core) notReadyReason(name string, now time.Time) string {
+	r := c.resources[name]
 	switch {
 	case r == nil || r.ready():
 		return ""
 	case len(r.instances) > 0:
 		return "its plugin has not listed its devices yet"
-	case r.registered && r.primary != nil && !r.primary.GracePeriodExpired(m.opts.StopGracePeriod):
+	case r.registered && r.primary != nil && !c.graceOver(r.primary, now):
 		return "no plugin instance is connected"
 	}
 	return ""
 }
 
-// notReadyLocked turns err, the refusal of a resource that cannot serve a
-// request at all, into an ErrPluginNotReady error when the resource is not
-// ready; any other error is returned as is. Expects m.mu held.
-func (m *ManagerImpl) notReadyLocked(name string, err error) error {
+// notReady turns err, the refusal of a resource that cannot serve a request
+// at all, into an ErrPluginNotReady error when the resource is not ready;
+// any other error is returned as is.
+func (c *core) notReady(name string, err error, now time.Time) error {
 	var re *podstate.ResourceError
 	if !errors.As(err, &re) {
 		return err
 	}
-	if why := m.notReadyReasonLocked(name); why != "" {
+	if why := c.notReadyReason(name, now); why != "" {
 		return &admissionError{msg: err.Error() + ": device plugin not ready (" + why + ")", sentinel: ErrPluginNotReady}
 	}
 	return err
-}
-
-// readyChangedLocked wakes the Allocate calls waiting for a plugin. Expects
-// m.mu held.
-func (m *ManagerImpl) readyChangedLocked() {
-	close(m.readyChanged)
-	m.readyChanged = make(chan struct{})
 }
 
 // WaitForPlugins waits, as Allocate does before it allocates, up to
@@ -107,21 +100,22 @@ func (m *ManagerImpl) awaitPlugins(ctx context.Context, log klog.Logger, podUID 
 		// graceEnds is when the resource waited for stops being "not
 		// ready" without any change a plugin makes: its grace period ends.
 		var graceEnds time.Time
+		now := m.opts.Clock.Now()
 		for _, name := range names {
 			q := container.Resources.Limits[v1.ResourceName(name)]
-			_, err := m.checkLocked(podUID, container.Name, name, int(q.Value()))
+			_, err := m.core.check(podUID, container.Name, name, int(q.Value()), m.podSource.alreadyRunning(podUID, container.Name), now)
 			if errors.Is(err, ErrPluginNotReady) {
 				notReady, refusal, waitFor = err, err, name
-				if r := m.resources[name]; len(r.instances) == 0 && r.primary != nil {
+				if r := m.core.resources[name]; len(r.instances) == 0 && r.primary != nil {
 					graceEnds = r.primary.StopTime().Add(m.opts.StopGracePeriod)
 				}
 				break
 			}
-			if waitFor == "" && errors.Is(err, ErrNoHealthyDevices) && m.resources[name].listsNothing() {
+			if waitFor == "" && errors.Is(err, ErrNoHealthyDevices) && m.core.resources[name].listsNothing() {
 				refusal, waitFor = err, name
 			}
 		}
-		changed := m.readyChanged
+		changed := m.readyChanged.wait()
 		m.mu.Unlock()
 		if waitFor == "" {
 			return nil, nil

@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/openkubelet/devmgr/checkpoint"
 	"github.com/openkubelet/devmgr/endpoint"
-	"github.com/openkubelet/devmgr/podstate"
 )
 
 // The checkpoint holds the ledger's records and the healthy device IDs of every
@@ -20,66 +20,64 @@ import (
 // collection or Stop. The same history always gives the same bytes, and a
 // write that would not change the file is skipped.
 
-// snapshotLocked returns the content of the checkpoint for the current state:
-// the ledger's entries, in admission order, and the sorted healthy IDs of
-// each registered resource. Expects m.mu held.
-func (m *ManagerImpl) snapshotLocked() ([]checkpoint.PodDevicesEntry, map[string][]string) {
-	entries, err := m.ledger.ToCheckpoint()
-	if err != nil {
-		m.log.Error(err, "Some allocation records cannot be written to the checkpoint")
-	}
-	registered := make(map[string][]string, len(m.resources))
-	for name, r := range m.resources {
-		if r.registered {
-			registered[name] = r.sortedHealthy()
-		}
-	}
-	return entries, registered
+// checkpointWriter writes the checkpoint. Its lock serialises the writes;
+// it is taken before the manager's, never while that is held.
+type checkpointWriter struct {
+	mu    sync.Mutex
+	store checkpoint.Manager
+	// written is the core's generation the file reflects, and last what
+	// the file holds (nil when unknown); doc keeps the encoding of each
+	// entry between writes, so that an admission encodes only its own.
+	written uint64
+	last    []byte
+	doc     *checkpoint.Data
 }
 
 // persist makes sure the checkpoint on disk reflects at least generation gen
-// of the state. Concurrent callers share writes: whoever takes writeMu first
-// writes the newest state, and the others find their generation covered.
-// Neither encoding nor the disk write happens under m.mu.
+// of the core. Concurrent callers share writes: whoever takes the writer's
+// lock first writes the newest state, and the others find their generation
+// covered. Neither encoding nor the disk write happens under m.mu.
 func (m *ManagerImpl) persist(gen uint64) error {
-	m.writeMu.Lock()
-	defer m.writeMu.Unlock()
-	if m.writtenGen >= gen {
+	w := &m.writer
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.written >= gen {
 		return nil
 	}
 	m.mu.Lock()
-	m.awaitInflightLocked()
-	entries, registered := m.snapshotLocked()
-	current := m.gen
+	m.awaitSettledLocked()
+	entries, registered, err := m.core.snapshot()
+	current := m.core.gen
 	m.mu.Unlock()
+	if err != nil {
+		m.log.Error(err, "Some allocation records cannot be written to the checkpoint")
+	}
 
 	start := time.Now()
-	// m.doc keeps the encoding of each entry between writes, so that an
-	// admission encodes only its own entries.
-	m.doc.SetData(entries, registered)
-	blob, err := m.doc.MarshalCheckpoint()
-	if err == nil && bytes.Equal(blob, m.lastBlob) {
+	w.doc.SetData(entries, registered)
+	blob, err := w.doc.MarshalCheckpoint()
+	if err == nil && bytes.Equal(blob, w.last) {
 		// The file holds this content already (a plugin that comes back
 		// with the devices it had, say).
 		m.metrics.checkpointTotal.WithLabelValues("unchanged").Inc()
-		m.writtenGen = current
+		w.written = current
 		return nil
 	}
 	if err == nil {
-		err = m.store.CreateCheckpoint(checkpoint.DeviceManagerKey, encoded(blob))
+		err = w.store.CreateCheckpoint(checkpoint.DeviceManagerKey, encoded(blob))
 	}
 	if err != nil {
 		m.metrics.checkpointTotal.WithLabelValues("failed").Inc()
 		// The file may or may not hold blob now: the next write is not
 		// skipped.
-		m.lastBlob = nil
+		w.last = nil
 		return err
 	}
 	m.metrics.checkpointWrite.Observe(time.Since(start).Seconds())
 	m.metrics.checkpointBytes.Set(float64(len(blob)))
 	m.metrics.checkpointTotal.WithLabelValues("written").Inc()
-	m.log.V(4).Info("Wrote checkpoint", "bytes", len(blob), "checksum", m.doc.Checksum())
-	m.writtenGen, m.lastBlob = current, blob
+	m.log.V(4).Info("Wrote checkpoint", "bytes", len(blob), "checksum", w.doc.Checksum())
+	w.written, w.last = current, blob
 	return nil
 }
 
@@ -97,7 +95,7 @@ func (encoded) VerifyChecksum() error { return errors.New("encoded checkpoint is
 // moved aside for inspection and the manager starts empty.
 func (m *ManagerImpl) readCheckpoint() {
 	data := checkpoint.New(nil, nil)
-	err := m.store.GetCheckpoint(checkpoint.DeviceManagerKey, data)
+	err := m.writer.store.GetCheckpoint(checkpoint.DeviceManagerKey, data)
 	switch {
 	case errors.Is(err, checkpoint.ErrNotFound):
 		m.log.V(2).Info("No checkpoint found; starting with no allocations", keyPath, m.checkpointPath())
@@ -116,13 +114,10 @@ func (m *ManagerImpl) readCheckpoint() {
 	entries, registered := data.GetData()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if err := m.ledger.FromCheckpoint(entries); err != nil {
+	if err := m.core.restore(entries, registered, func(name string) *endpoint.Endpoint {
+		return endpoint.NewStopped(name, m.opts.Clock)
+	}); err != nil {
 		m.log.Error(err, "Some checkpoint entries could not be restored")
-	}
-	for name := range registered {
-		r := m.resourceLocked(name)
-		r.registered = true
-		r.primary = endpoint.NewStopped(name, m.opts.Clock)
 	}
 	m.log.V(2).Info("Restored allocations from checkpoint", keyCount, len(entries), "resources", len(registered),
 		"legacyFormat", data.Legacy())
@@ -159,60 +154,34 @@ func (m *ManagerImpl) checkpointPath() string {
 }
 
 // Group commit. An admission is on disk before Allocate returns, and each
-// durable write waits for the disk (two fsyncs), so admissions running side by
-// side would queue behind each other's writes. Before writing, a writer
-// waits a little for admissions whose plugin call is in flight: when they
-// commit in time, one write covers them all, and their own persist finds its
-// generation written. The wait is short and only for calls that started
-// recently, so a hung plugin delays nobody else by more than groupCommitWait
-// per write, and not at all once its call is older than groupCommitRecent.
-const (
-	groupCommitWait   = time.Millisecond
-	groupCommitRecent = 10 * time.Millisecond
-)
+// durable write waits for the disk (two fsyncs), so admissions running side
+// by side would queue behind each other's writes. Before writing, a writer
+// waits a little while plugin calls of other admissions are in flight (the
+// ledger's pending reservations): when they commit in time, one write
+// covers them all, and their own persist finds its generation written. The
+// wait is at most groupCommitWait per write, so a hung plugin delays the
+// others' writes by no more. It measures the disk's time, not the
+// manager's: it runs on the real clock, never on Options.Clock, which a
+// test may hold still.
+const groupCommitWait = time.Millisecond
 
-// awaitInflightLocked waits, up to groupCommitWait, while a plugin call that
-// started less than groupCommitRecent ago is in flight. Expects m.mu held;
-// releases it while waiting.
-func (m *ManagerImpl) awaitInflightLocked() {
-	var timer *time.Timer
-	for {
-		now := time.Now()
-		recent := false
-		for _, start := range m.inflightRPCs {
-			if now.Sub(start) < groupCommitRecent {
-				recent = true
-				break
-			}
-		}
-		if !recent {
-			break
-		}
-		if timer == nil {
-			timer = time.NewTimer(groupCommitWait)
-			defer timer.Stop()
-		}
-		changed := m.inflightChanged
-		m.mu.Unlock()
-		select {
-		case <-changed:
-			m.mu.Lock()
-			continue
-		case <-timer.C:
-		}
-		m.mu.Lock()
-		break
-	}
-}
-
-// inflightDoneLocked records that a reservation's plugin call ended (it is
-// committed or rolled back) and wakes writers waiting for it. Expects m.mu
-// held.
-func (m *ManagerImpl) inflightDoneLocked(rid podstate.ReservationID) {
-	if _, ok := m.inflightRPCs[rid]; !ok {
+// awaitSettledLocked waits, up to groupCommitWait, while reservations are
+// pending. Expects m.mu held; releases it while waiting.
+func (m *ManagerImpl) awaitSettledLocked() {
+	if m.core.ledger.Pending() == 0 {
 		return
 	}
-	delete(m.inflightRPCs, rid)
-	close(m.inflightChanged)
-	m.inflightChanged = make(chan struct{})
+	timer := time.NewTimer(groupCommitWait)
+	defer timer.Stop()
+	for m.core.ledger.Pending() > 0 {
+		settled := m.settled.wait()
+		m.mu.Unlock()
+		select {
+		case <-settled:
+			m.mu.Lock()
+		case <-timer.C:
+			m.mu.Lock()
+			return
+		}
+	}
 }

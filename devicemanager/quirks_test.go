@@ -112,9 +112,9 @@ func (b *bystander) admit() {
 // test can observe the state between two messages without racing. Admitting
 // a pod would wait too, so a test must not admit while it holds the lock.
 func (h *harness) holdCheckpointWrites() (release func()) {
-	h.m.writeMu.Lock()
+	h.m.writer.mu.Lock()
 	var once sync.Once
-	release = func() { once.Do(h.m.writeMu.Unlock) }
+	release = func() { once.Do(h.m.writer.mu.Unlock) }
 	h.t.Cleanup(release)
 	return release
 }
@@ -123,7 +123,7 @@ func (h *harness) holdCheckpointWrites() (release func()) {
 func (h *harness) connections(res string) int {
 	h.m.mu.Lock()
 	defer h.m.mu.Unlock()
-	if r := h.m.resources[res]; r != nil {
+	if r := h.m.core.resources[res]; r != nil {
 		return len(r.instances)
 	}
 	return 0

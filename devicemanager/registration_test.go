@@ -287,7 +287,7 @@ func TestStaleInstanceMessageIgnored(t *testing.T) {
 	h := newHarness(t).start()
 	p := h.registered(res1, devices("dev", 2))
 	h.m.mu.Lock()
-	old := h.m.resources[res1].primary
+	old := h.m.core.resources[res1].primary
 	h.m.mu.Unlock()
 	h.register(p) // same socket: replaces old
 	p.Update([]*pluginapi.Device{dev("dev0", healthy, 0), dev("dev1", healthy)})

@@ -11,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/openkubelet/devmgr/podstate"
 	"github.com/openkubelet/devmgr/topology"
 )
 
@@ -271,9 +270,9 @@ func TestResourceMatchesModel(t *testing.T) {
 	healths := []string{pluginapi.Healthy, pluginapi.Unhealthy, "Bogus"}
 	for seed := uint64(0); seed < 3000; seed++ {
 		rng := rand.New(rand.NewPCG(seed, 1))
-		m := &ManagerImpl{resources: map[string]*resourceState{}, ledger: podstate.NewLedger(), readyChanged: make(chan struct{})}
+		c := newCore(limits{})
 		r := newResource("res")
-		m.resources["res"] = r
+		c.resources["res"] = r
 		ref := &refModel{devices: map[string]string{}}
 		if rng.IntN(4) == 0 { // restored from checkpoint
 			r.registered = true
@@ -326,14 +325,14 @@ func TestResourceMatchesModel(t *testing.T) {
 			case k < 9:
 				if r.registered {
 					op = "retire"
-					m.collectResourcesLocked([]string{"res"})
+					c.removeResources([]string{"res"})
 					ref.registered = false
 					last = nil
 				}
 			default:
 				op = "read"
 				r.sortedHealthy()
-				m.censusLocked(r)
+				c.census(r)
 			}
 			log = append(log, op)
 			want := ref.healthy()
@@ -347,7 +346,7 @@ func TestResourceMatchesModel(t *testing.T) {
 			if got := r.sortedHealthy(); !slices.Equal(got, sets.List(want)) {
 				t.Fatalf("seed %d %v: sortedHealthy %v want %v", seed, log, got, sets.List(want))
 			}
-			free := m.freeLocked(r)
+			free := c.free(r)
 			for id := range ref.devices {
 				if r.isHealthy(id) != want.Has(id) || free.Has(id) != want.Has(id) {
 					t.Fatalf("seed %d %v: isHealthy(%s) %v, free %v", seed, log, id, r.isHealthy(id), free.Has(id))

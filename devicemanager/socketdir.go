@@ -98,17 +98,17 @@ func (l dirLocks) release() {
 // server is gone (stale), or no socket at all; anything else is an error,
 // since it cannot tell a live socket from a stale one.
 func (m *ManagerImpl) checkKubeletSocket() error {
-	conn, err := net.DialTimeout("unix", m.kubeletSocket, probeTimeout)
+	conn, err := net.DialTimeout("unix", m.kubeletSocket(), probeTimeout)
 	switch {
 	case err == nil:
 		_ = conn.Close()
 	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, fs.ErrNotExist):
 		return nil
 	case !errors.Is(err, syscall.EAGAIN): // EAGAIN: its backlog is full
-		return fmt.Errorf("cannot tell whether %s is in use: %w", m.kubeletSocket, err)
+		return fmt.Errorf("cannot tell whether %s is in use: %w", m.kubeletSocket(), err)
 	}
 	return fmt.Errorf("%w: %s accepts connections: a kubelet or another device manager serves it; stop it or choose another socket directory",
-		ErrSocketInUse, m.kubeletSocket)
+		ErrSocketInUse, m.kubeletSocket())
 }
 
 // labelSocketDir gives SocketDir the kubelet's SELinux label when SELinux is
@@ -150,12 +150,12 @@ func (m *ManagerImpl) removeStaleSockets() error {
 // The file is not removed when the listener closes: removeKubeletSocket
 // removes it if it is still this one.
 func (m *ManagerImpl) listenKubeletSocket() (*net.UnixListener, fs.FileInfo, error) {
-	lis, err := unixsock.Listen(m.kubeletSocket, kubeletSocketMode)
+	lis, err := unixsock.Listen(m.kubeletSocket(), kubeletSocketMode)
 	if err != nil {
 		return nil, nil, fmt.Errorf("failed to listen to socket while starting device plugin registry: %w", err)
 	}
 	lis.SetUnlinkOnClose(false)
-	fi, err := os.Lstat(m.kubeletSocket)
+	fi, err := os.Lstat(m.kubeletSocket())
 	if err != nil {
 		_ = lis.Close()
 		return nil, nil, fmt.Errorf("failed to listen to socket while starting device plugin registry: %w", err)
@@ -168,11 +168,11 @@ func (m *ManagerImpl) listenKubeletSocket() (*net.UnixListener, fs.FileInfo, err
 // before closing the listener: while it is open, the file's inode cannot be
 // reused.
 func (m *ManagerImpl) removeKubeletSocket(mine fs.FileInfo) {
-	fi, err := os.Lstat(m.kubeletSocket)
+	fi, err := os.Lstat(m.kubeletSocket())
 	if err == nil && os.SameFile(fi, mine) {
-		err = os.Remove(m.kubeletSocket)
+		err = os.Remove(m.kubeletSocket())
 	}
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		m.log.Error(err, "Failed to remove registration socket", keyPath, m.kubeletSocket)
+		m.log.Error(err, "Failed to remove registration socket", keyPath, m.kubeletSocket())
 	}
 }

@@ -47,8 +47,8 @@ type EndpointStatus struct {
 func (m *ManagerImpl) Status() []ResourceStatus {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make([]ResourceStatus, 0, len(m.resources))
-	for name, r := range m.resources {
+	out := make([]ResourceStatus, 0, len(m.core.resources))
+	for name, r := range m.core.resources {
 		if !r.registered {
 			continue
 		}
@@ -56,8 +56,8 @@ func (m *ManagerImpl) Status() []ResourceStatus {
 			Name:                   name,
 			Capacity:               r.capacityLen(),
 			Allocatable:            r.healthyLen(),
-			Allocated:              m.ledger.AllocatedCount(name),
-			Free:                   m.freeLocked(r).Len(),
+			Allocated:              m.core.ledger.AllocatedCount(name),
+			Free:                   m.core.free(r).Len(),
 			RestoredFromCheckpoint: !r.listed,
 		}
 		if len(r.devices) > 0 {
@@ -69,7 +69,7 @@ func (m *ManagerImpl) Status() []ResourceStatus {
 			if health == pluginapi.Healthy && !r.isHealthy(id) {
 				health = pluginapi.Unhealthy // the plugin is gone
 			}
-			ds := DeviceStatus{ID: id, Health: health, Allocated: m.ledger.IsAllocated(name, id)}
+			ds := DeviceStatus{ID: id, Health: health, Allocated: m.core.ledger.IsAllocated(name, id)}
 			for _, n := range d.GetTopology().GetNodes() {
 				if n != nil {
 					ds.NUMANodes = append(ds.NUMANodes, n.ID)
