@@ -37,7 +37,7 @@ func TestCheckpointRoundTrip(t *testing.T) {
 	restored := NewLedger()
 	require.NoError(t, restored.FromCheckpoint(entries))
 	assert.Equal(t, l.Len(), restored.Len())
-	assert.Equal(t, l.Devices(), restored.Devices())
+	assert.Equal(t, l.devices(), restored.devices())
 	for _, res := range []string{res1, res2, res3} {
 		assert.Equal(t, l.Allocated(res), restored.Allocated(res))
 	}

@@ -19,13 +19,13 @@ var (
 	// longer healthy. Carried by *ResourceError.
 	ErrAllocatedDeviceUnhealthy = errors.New("previously allocated devices are no longer healthy; cannot allocate unhealthy devices")
 	// ErrInsufficientDevices: fewer devices are free than the container still
-	// needs. Carried by *InsufficientDevicesError.
+	// needs. Carried by *insufficientDevicesError.
 	ErrInsufficientDevices = errors.New("requested number of devices unavailable")
 	// ErrRequestChanged: the container holds a different number of devices
-	// than it now requests. Carried by *RequestChangedError.
+	// than it now requests. Carried by *requestChangedError.
 	ErrRequestChanged = errors.New("container changed its device request")
 	// ErrAllocationShortfall: the selection tiers did not cover the devices
-	// reported available. Carried by *ShortfallError.
+	// reported available. Carried by *shortfallError.
 	ErrAllocationShortfall = errors.New("unexpectedly allocated less resources than required")
 )
 
@@ -61,52 +61,52 @@ func (e *ResourceError) Error() string { return e.Err.Error() + " " + e.Resource
 // Unwrap returns the sentinel.
 func (e *ResourceError) Unwrap() error { return e.Err }
 
-// RequestChangedError reports a container whose recorded device count differs
+// requestChangedError reports a container whose recorded device count differs
 // from its current request.
-type RequestChangedError struct {
+type requestChangedError struct {
 	PodUID, ContainerName, Resource string
 	From, To                        int // recorded count, requested count
 }
 
 // Error returns the kubelet's text.
-func (e *RequestChangedError) Error() string {
+func (e *requestChangedError) Error() string {
 	return fmt.Sprintf("pod %q container %q changed request for resource %q from %d to %d",
 		e.PodUID, e.ContainerName, e.Resource, e.From, e.To)
 }
 
 // Is reports whether target is ErrRequestChanged.
-func (e *RequestChangedError) Is(target error) bool { return target == ErrRequestChanged }
+func (e *requestChangedError) Is(target error) bool { return target == ErrRequestChanged }
 
-// InsufficientDevicesError reports that fewer devices are available than
+// insufficientDevicesError reports that fewer devices are available than
 // still needed. Requested is what remained to pick after the reuse pool.
-type InsufficientDevicesError struct {
+type insufficientDevicesError struct {
 	Resource             string
 	Requested, Available int
 }
 
 // Error returns the kubelet's text.
-func (e *InsufficientDevicesError) Error() string {
+func (e *insufficientDevicesError) Error() string {
 	return fmt.Sprintf("requested number of devices unavailable for %s. Requested: %d, Available: %d",
 		e.Resource, e.Requested, e.Available)
 }
 
 // Is reports whether target is ErrInsufficientDevices.
-func (e *InsufficientDevicesError) Is(target error) bool { return target == ErrInsufficientDevices }
+func (e *insufficientDevicesError) Is(target error) bool { return target == ErrInsufficientDevices }
 
-// ShortfallError reports that the selection ran out of candidates although
+// shortfallError reports that the selection ran out of candidates although
 // enough devices were reported available (the tiers did not cover them).
 // Requested is the full request, Got what had been picked. Resource is not
 // part of the kubelet's text and is given for context only.
-type ShortfallError struct {
+type shortfallError struct {
 	Resource       string
 	Requested, Got int
 }
 
 // Error returns the kubelet's text.
-func (e *ShortfallError) Error() string {
+func (e *shortfallError) Error() string {
 	return fmt.Sprintf("unexpectedly allocated less resources than required. Requested: %d, Got: %d",
 		e.Requested, e.Got)
 }
 
 // Is reports whether target is ErrAllocationShortfall.
-func (e *ShortfallError) Is(target error) bool { return target == ErrAllocationShortfall }
+func (e *shortfallError) Is(target error) bool { return target == ErrAllocationShortfall }

@@ -228,10 +228,10 @@ func (l *Ledger) PodDevices(podUID, resource string) sets.Set[string] {
 	return out
 }
 
-// Devices returns, per resource with at least one record, the union of the
+// devices returns, per resource with at least one record, the union of the
 // recorded device IDs (pending reservations excluded). Unlike upstream, a
 // record without a response contributes its IDs too: its devices are in use.
-func (l *Ledger) Devices() map[string]sets.Set[string] {
+func (l *Ledger) devices() map[string]sets.Set[string] {
 	out := make(map[string]sets.Set[string])
 	for _, ctrs := range l.pods {
 		for _, recs := range ctrs {

@@ -60,7 +60,7 @@ func TestLedgerQueries(t *testing.T) {
 	assert.Equal(t, map[string]sets.Set[string]{
 		res1: sets.New("d1", "d2", "d3", "d4"),
 		res2: sets.New("d1"),
-	}, l.Devices())
+	}, l.devices())
 
 	assert.Equal(t, sets.New("d1", "d2", "d3", "d4"), l.Allocated(res1))
 	assert.Equal(t, 4, l.AllocatedCount(res1))
@@ -225,7 +225,7 @@ func TestDevicesIncludesRecordsWithoutResponse(t *testing.T) {
 	l := NewLedger()
 	l.Insert("pod", "ctr", res1, checkpoint.DevicesPerNUMA{0: {"a"}}, nil)
 	l.Insert("pod", "ctr", res2, nil, newResp())
-	assert.Equal(t, map[string]sets.Set[string]{res1: sets.New("a"), res2: sets.New[string]()}, l.Devices())
+	assert.Equal(t, map[string]sets.Set[string]{res1: sets.New("a"), res2: sets.New[string]()}, l.devices())
 	assert.True(t, proto.Equal(newResp(), l.pods["pod"]["ctr"][res2].resp))
 }
 

@@ -70,7 +70,7 @@ func (l *Ledger) heldByOtherPod(resource, id, podUID string) (string, bool) {
 }
 
 // Commit turns the reservation into the container's record for its resource,
-// as Insert does: the NUMA map is built from devs (NUMAMap) and resp is kept
+// as Insert does: the NUMA map is built from devs (numaMap) and resp is kept
 // as the plugin's response. An unknown or finished reservation yields an error
 // wrapping ErrUnknownReservation and changes nothing.
 func (l *Ledger) Commit(id ReservationID, devs DeviceInstances, resp *pluginapi.ContainerAllocateResponse) error {
@@ -79,7 +79,7 @@ func (l *Ledger) Commit(id ReservationID, devs DeviceInstances, resp *pluginapi.
 		return fmt.Errorf("%w: %d", ErrUnknownReservation, id)
 	}
 	// Record first, then release the reservation, so the devices never look free.
-	l.put(r.ref, r.resource, newRecord(NUMAMap(r.ids, devs), resp, nil))
+	l.put(r.ref, r.resource, newRecord(numaMap(r.ids, devs), resp, nil))
 	l.unreserve(id, r)
 	return nil
 }

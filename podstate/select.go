@@ -116,7 +116,7 @@ func start(in SelectInput) (s *selection, done bool, err error) {
 		s.free = without(s.free, s.has)
 	}
 	if s.free.Len() < s.needed {
-		return nil, false, &InsufficientDevicesError{
+		return nil, false, &insufficientDevicesError{
 			Resource: in.Resource, Requested: s.needed, Available: s.free.Len(),
 		}
 	}
@@ -245,12 +245,12 @@ func PreferredQueryFor(in SelectInput) (PreferredQuery, bool) {
 // plugin's answer to PreferredQueryFor(in) (nil if the plugin was not asked);
 // IDs in it that are not candidates are ignored.
 //
-// The rules: take from Reusable; fail with *InsufficientDevicesError when
+// The rules: take from Reusable; fail with *insufficientDevicesError when
 // fewer than the remaining need are available; if the need is strictly below
 // the number of aligned devices, take preferred aligned devices, then other
 // aligned ones; otherwise take every aligned device, then preferred available
 // ones, then Unaligned, then NoTopology. Running out of candidates fails with
-// *ShortfallError. Select is pure: on error nothing has been picked anywhere.
+// *shortfallError. Select is pure: on error nothing has been picked anywhere.
 func Select(in SelectInput, preferred []string) ([]string, error) {
 	s, done, err := start(in)
 	if err != nil {
@@ -272,7 +272,7 @@ func Select(in SelectInput, preferred []string) ([]string, error) {
 		}
 	}
 	if !done {
-		return nil, &ShortfallError{Resource: in.Resource, Requested: in.Required, Got: in.Required - s.needed}
+		return nil, &shortfallError{Resource: in.Resource, Requested: in.Required, Got: in.Required - s.needed}
 	}
 	if len(s.picked) == 0 {
 		return nil, nil

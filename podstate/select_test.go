@@ -152,15 +152,15 @@ func TestSelectRules(t *testing.T) {
 
 func TestSelectErrorTypes(t *testing.T) {
 	_, err := Select(SelectInput{Resource: res2, Required: 2, Needed: 2, Available: sets.New("a")}, nil)
-	var insufficient *InsufficientDevicesError
+	var insufficient *insufficientDevicesError
 	require.ErrorAs(t, err, &insufficient)
-	assert.Equal(t, InsufficientDevicesError{Resource: res2, Requested: 2, Available: 1}, *insufficient)
+	assert.Equal(t, insufficientDevicesError{Resource: res2, Requested: 2, Available: 1}, *insufficient)
 	assert.NotErrorIs(t, err, ErrAllocationShortfall)
 
 	_, err = Select(SelectInput{Resource: res2, Required: 1, Needed: 1, Available: sets.New("a")}, nil)
-	var short *ShortfallError
+	var short *shortfallError
 	require.ErrorAs(t, err, &short)
-	assert.Equal(t, ShortfallError{Resource: res2, Requested: 1, Got: 0}, *short)
+	assert.Equal(t, shortfallError{Resource: res2, Requested: 1, Got: 0}, *short)
 	assert.NotErrorIs(t, err, ErrInsufficientDevices)
 }
 
@@ -448,7 +448,7 @@ func selectByRules(in SelectInput, preferred []string) (picks []string, query *P
 	add(in.Reusable, nil)
 	free = free.Difference(picked)
 	if left > 0 && free.Len() < left {
-		return nil, nil, &InsufficientDevicesError{Resource: in.Resource, Requested: left, Available: free.Len()}
+		return nil, nil, &insufficientDevicesError{Resource: in.Resource, Requested: left, Available: free.Len()}
 	}
 	var aligned []string
 	for _, id := range in.Tiers.Aligned {
@@ -475,7 +475,7 @@ func selectByRules(in SelectInput, preferred []string) (picks []string, query *P
 		add(in.Tiers.NoTopology, free.Has)
 	}
 	if left > 0 {
-		return nil, query, &ShortfallError{Resource: in.Resource, Requested: in.Required, Got: in.Required - left}
+		return nil, query, &shortfallError{Resource: in.Resource, Requested: in.Required, Got: in.Required - left}
 	}
 	slices.Sort(picks)
 	return picks, query, nil

@@ -46,47 +46,11 @@ type DeviceInstances map[string]*pluginapi.Device
 // ResourceDeviceInstances maps a resource name to its devices.
 type ResourceDeviceInstances map[string]DeviceInstances
 
-// Clone copies the outer and the inner maps; the *Device values are shared.
-// The result is never nil.
-func (r ResourceDeviceInstances) Clone() ResourceDeviceInstances {
-	out := make(ResourceDeviceInstances, len(r))
-	for res, devs := range r {
-		inner := make(DeviceInstances, len(devs))
-		for id, d := range devs {
-			inner[id] = d
-		}
-		out[res] = inner
-	}
-	return out
-}
-
-// Filter returns, for each resource of cond that r also has, a new map of the
-// devices of r whose IDs are in cond[res]. IDs of cond unknown to r are
-// ignored; a resource of cond whose IDs are all unknown yields an empty map.
-// The *Device values are shared. The result is never nil.
-func (r ResourceDeviceInstances) Filter(cond map[string]sets.Set[string]) ResourceDeviceInstances {
-	out := make(ResourceDeviceInstances, len(cond))
-	for res, ids := range cond {
-		devs, ok := r[res]
-		if !ok {
-			continue
-		}
-		inner := make(DeviceInstances, len(ids))
-		for id := range ids {
-			if d, ok := devs[id]; ok {
-				inner[id] = d
-			}
-		}
-		out[res] = inner
-	}
-	return out
-}
-
-// NUMAMap places each ID under the NUMA nodes devs reports for it: under
+// numaMap places each ID under the NUMA nodes devs reports for it: under
 // every node of a multi-node device, under NoTopology for a device with no
 // topology, an empty node list or no entry in devs (upstream dereferences nil
 // there). Each list is sorted; IDs repeated in ids are listed once.
-func NUMAMap(ids []string, devs DeviceInstances) checkpoint.DevicesPerNUMA {
+func numaMap(ids []string, devs DeviceInstances) checkpoint.DevicesPerNUMA {
 	out := checkpoint.DevicesPerNUMA{}
 	seen := make(map[string]struct{}, len(ids))
 	for _, id := range ids {

@@ -1,11 +1,9 @@
 package podstate
 
 import (
-	"encoding/json"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/util/sets"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -40,73 +38,6 @@ func TestContainerMapIsRunning(t *testing.T) {
 	}
 }
 
-func TestResourceDeviceInstancesClone(t *testing.T) {
-	d := &pluginapi.Device{ID: "d1"}
-	orig := ResourceDeviceInstances{"r": {"d1": d}}
-	c := orig.Clone()
-	require.Equal(t, orig, c)
-	c["r"]["d2"] = &pluginapi.Device{ID: "d2"}
-	c["other"] = DeviceInstances{}
-	assert.Len(t, orig["r"], 1, "inner map copied")
-	assert.NotContains(t, orig, "other", "outer map copied")
-	assert.Same(t, d, c["r"]["d1"], "devices shared")
-	assert.NotNil(t, ResourceDeviceInstances(nil).Clone())
-}
-
-// Upstream TestResourceDeviceInstanceFilter, in our words: the JSON of the
-// filtered map is exact (encoding/json sorts map keys).
-func TestResourceDeviceInstanceFilter(t *testing.T) {
-	devs := ResourceDeviceInstances{}
-	for _, res := range []string{"foo", "bar", "baz"} {
-		devs[res] = DeviceInstances{}
-		for _, n := range []string{"1", "2", "3"} {
-			devs[res]["dev-"+res+n] = &pluginapi.Device{ID: res + n}
-		}
-	}
-	all := `{"bar":{"dev-bar1":{"ID":"bar1"},"dev-bar2":{"ID":"bar2"},"dev-bar3":{"ID":"bar3"}},` +
-		`"baz":{"dev-baz1":{"ID":"baz1"},"dev-baz2":{"ID":"baz2"},"dev-baz3":{"ID":"baz3"}},` +
-		`"foo":{"dev-foo1":{"ID":"foo1"},"dev-foo2":{"ID":"foo2"},"dev-foo3":{"ID":"foo3"}}}`
-	cases := []struct {
-		name string
-		cond map[string]sets.Set[string]
-		want string
-	}{
-		{"empty condition", map[string]sets.Set[string]{}, `{}`},
-		{"nil condition", nil, `{}`},
-		{"partial", map[string]sets.Set[string]{
-			"foo": sets.New("dev-foo1", "dev-foo2"),
-			"bar": sets.New("dev-bar1"),
-		}, `{"bar":{"dev-bar1":{"ID":"bar1"}},"foo":{"dev-foo1":{"ID":"foo1"},"dev-foo2":{"ID":"foo2"}}}`},
-		{"everything", map[string]sets.Set[string]{
-			"foo": sets.New("dev-foo1", "dev-foo2", "dev-foo3"),
-			"bar": sets.New("dev-bar1", "dev-bar2", "dev-bar3"),
-			"baz": sets.New("dev-baz1", "dev-baz2", "dev-baz3"),
-		}, all},
-		{"unknown IDs ignored", map[string]sets.Set[string]{
-			"foo": sets.New("dev-foo1", "dev-foo2", "dev-foo3", "dev-foo4"),
-			"bar": sets.New("dev-bar1", "dev-bar2", "dev-bar3", "dev-bar4"),
-			"baz": sets.New("dev-baz1", "dev-baz2", "dev-baz3", "dev-bar4"),
-		}, all},
-		{"sparse", map[string]sets.Set[string]{
-			"foo": sets.New("dev-foo1", "dev-foo4", "dev-foo7"),
-			"bar": sets.New("dev-bar1", "dev-bar4", "dev-bar7"),
-			"baz": sets.New("dev-baz1", "dev-baz4", "dev-baz7"),
-		}, `{"bar":{"dev-bar1":{"ID":"bar1"}},"baz":{"dev-baz1":{"ID":"baz1"}},"foo":{"dev-foo1":{"ID":"foo1"}}}`},
-		{"unknown resource omitted, known one with no match empty", map[string]sets.Set[string]{
-			"qux": sets.New("dev-qux1"),
-			"foo": sets.New("dev-foo9"),
-		}, `{"foo":{}}`},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := json.Marshal(devs.Filter(tc.cond))
-			require.NoError(t, err)
-			assert.JSONEq(t, tc.want, string(got))
-			assert.Equal(t, tc.want, string(got), "exact bytes")
-		})
-	}
-}
-
 func TestNUMAMap(t *testing.T) {
 	devs := DeviceInstances{
 		"a":     numaDev("a", 1),
@@ -132,7 +63,7 @@ func TestNUMAMap(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			assert.Equal(t, tc.want, NUMAMap(tc.ids, devs))
+			assert.Equal(t, tc.want, numaMap(tc.ids, devs))
 		})
 	}
 }
