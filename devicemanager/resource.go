@@ -45,16 +45,11 @@ type resourceState struct {
 	census *topology.Census
 }
 
-// device is one device of a resource's list, with what a new report of it
-// is compared with held here rather than read through the stored device: a
-// plugin resends its whole list, tens of thousands of devices, on every
-// change, and following each stored device's pointers again would cost more
-// than the comparison itself.
+// device is one device of a resource's list.
 type device struct {
 	id      string // dev.ID
 	dev     *pluginapi.Device
-	healthy bool     // dev.Health == "Healthy"
-	nodes   nodeList // dev.Topology
+	healthy bool // dev.Health == "Healthy"
 }
 
 // instance is one connected plugin instance; seq orders registrations.
@@ -215,15 +210,14 @@ func (r *resourceState) updateInPlace(devs []*pluginapi.Device, known []int) (ch
 		stored := &r.devices[known[i]]
 		healthy := d.Health == pluginapi.Healthy
 		sameHealth := healthy == stored.healthy && (healthy || d.Health == stored.dev.Health)
-		nodes := nodeListOf(d.Topology)
-		sameNodes := nodes.equal(stored.nodes)
+		sameNodes := sameTopology(d.Topology, stored.dev.Topology)
 		if sameHealth && sameNodes {
 			continue
 		}
 		if !sameNodes {
 			r.census = nil
 		}
-		stored.dev, stored.nodes = d, nodes
+		stored.dev = d
 		if sameHealth {
 			continue
 		}
@@ -250,7 +244,7 @@ func (r *resourceState) replace(devs []*pluginapi.Device) (changed []string, hea
 		if d == nil {
 			continue
 		}
-		stored := device{id: d.ID, dev: d, healthy: d.Health == pluginapi.Healthy, nodes: nodeListOf(d.Topology)}
+		stored := device{id: d.ID, dev: d, healthy: d.Health == pluginapi.Healthy}
 		if i, ok := index[d.ID]; ok {
 			list[i] = stored
 			continue
@@ -284,49 +278,21 @@ func (r *resourceState) replace(devs []*pluginapi.Device) (changed []string, hea
 	return changed, healthyChanged
 }
 
-// nodeList is a device's NUMA nodes in short: no Topology, a Topology
-// without a node list, or one node, each told from the others; any other
-// Topology is kept whole.
-type nodeList struct {
-	kind  uint8
-	node  int64
-	other *pluginapi.TopologyInfo
-}
-
-const (
-	noTopology uint8 = iota
-	noNodeList
-	oneNode
-	otherNodes
-)
-
-func nodeListOf(t *pluginapi.TopologyInfo) nodeList {
-	switch {
-	case t == nil:
-		return nodeList{kind: noTopology}
-	case t.Nodes == nil:
-		return nodeList{kind: noNodeList}
-	case len(t.Nodes) == 1 && t.Nodes[0] != nil:
-		return nodeList{kind: oneNode, node: t.Nodes[0].ID}
-	}
-	return nodeList{kind: otherNodes, other: t}
-}
-
-// equal reports whether n and o list the same nodes in the same order, nil
-// and empty lists and nil entries told apart.
-func (n nodeList) equal(o nodeList) bool {
-	if n.kind != o.kind || n.node != o.node {
+// sameTopology reports whether a and b list the same NUMA nodes in the
+// same order, a nil and an empty list, and nil entries, told apart.
+func sameTopology(a, b *pluginapi.TopologyInfo) bool {
+	if (a == nil) != (b == nil) {
 		return false
 	}
-	if n.kind != otherNodes {
+	if a == nil {
 		return true
 	}
-	a, b := n.other.Nodes, o.other.Nodes
-	if len(a) != len(b) || (a == nil) != (b == nil) {
+	x, y := a.Nodes, b.Nodes
+	if len(x) != len(y) || (x == nil) != (y == nil) {
 		return false
 	}
-	for i := range a {
-		if (a[i] == nil) != (b[i] == nil) || a[i].GetID() != b[i].GetID() {
+	for i := range x {
+		if (x[i] == nil) != (y[i] == nil) || x[i].GetID() != y[i].GetID() {
 			return false
 		}
 	}
