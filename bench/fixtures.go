@@ -56,6 +56,16 @@ func makeDevices(n int) []*pluginapi.Device {
 	return out
 }
 
+// renamed returns a copy of devs, healthy, each ID prefixed: a list of
+// devices none of which a manager that took devs has seen.
+func renamed(devs []*pluginapi.Device, prefix string) []*pluginapi.Device {
+	out := make([]*pluginapi.Device, len(devs))
+	for i, d := range devs {
+		out[i] = &pluginapi.Device{ID: prefix + d.ID, Health: pluginapi.Healthy, Topology: d.Topology}
+	}
+	return out
+}
+
 // withUnhealthy returns a copy of devs in which the devices at the indexes
 // in bad are unhealthy and every other device is healthy.
 func withUnhealthy(devs []*pluginapi.Device, bad []int) []*pluginapi.Device {

@@ -326,6 +326,23 @@ func (r *run) w1(n int) error {
 	if c, a, _ := s.Capacity(resGPU); c != int64(n) || a != int64(n-k) {
 		return fmt.Errorf("after the update: capacity %d allocatable %d, want %d and %d", c, a, n, n-k)
 	}
+	time.Sleep(afterWrite)
+
+	// The manager's own part of taking a list it has never seen: n devices
+	// of new IDs, as a first list is, handed to PluginListAndWatchReceiver
+	// as W3direct does (no transfer, no decoding), until the call returns.
+	fresh := renamed(devs, "new-")
+	before = stampOf(cp)
+	collectGarbage()
+	start = time.Now()
+	s.Receive(resGPU, fresh)
+	r.duration("first_list_ns", time.Since(start))
+	if c, a, _ := s.Capacity(resGPU); c != int64(n) || a != int64(n) {
+		return fmt.Errorf("after the new list: capacity %d allocatable %d, want %d", c, a, n)
+	}
+	if st := stampOf(cp); !st.exists || st == before {
+		return errors.New("the checkpoint was not rewritten before the new list's call returned")
+	}
 	return nil
 }
 
