@@ -16,7 +16,7 @@ import (
 )
 
 // Embedding the manager: start it, let a plugin register, admit a pod and
-// get what its container runtime needs. The README shows the same calls.
+// get what its container runtime needs. docs/EMBEDDING.md shows the same calls.
 func Example() {
 	dir, _ := os.MkdirTemp("", "dm")
 	defer os.RemoveAll(dir)
