@@ -163,36 +163,16 @@ func (o Options) withDefaults() (Options, error) {
 	if o.PluginWaitTimeout < 0 {
 		return o, fmt.Errorf("bad PluginWaitTimeout %s: must not be negative", o.PluginWaitTimeout)
 	}
-	if o.StopGracePeriod <= 0 {
-		o.StopGracePeriod = DefaultStopGracePeriod
-	}
-	if o.CallTimeout <= 0 {
-		o.CallTimeout = endpoint.DefaultCallTimeout
-	}
-	if o.PreStartTimeout <= 0 {
-		o.PreStartTimeout = endpoint.DefaultPreStartTimeout
-	}
-	if o.DialTimeout <= 0 {
-		o.DialTimeout = endpoint.DefaultDialTimeout
-	}
-	if o.MaxRecvMsgSize <= 0 {
-		o.MaxRecvMsgSize = endpoint.DefaultMaxRecvMsgSize
-	}
-	if o.MaxDevicesPerResource <= 0 {
-		o.MaxDevicesPerResource = DefaultMaxDevicesPerResource
-	}
-	if o.MaxResources <= 0 {
-		o.MaxResources = DefaultMaxResources
-	}
-	if o.MaxInstancesPerResource <= 0 {
-		o.MaxInstancesPerResource = DefaultMaxInstancesPerResource
-	}
-	if o.KeepaliveTime <= 0 {
-		o.KeepaliveTime = endpoint.DefaultKeepaliveTime
-	}
-	if o.KeepaliveTimeout <= 0 {
-		o.KeepaliveTimeout = endpoint.DefaultKeepaliveTimeout
-	}
+	positive(&o.StopGracePeriod, DefaultStopGracePeriod)
+	positive(&o.CallTimeout, endpoint.DefaultCallTimeout)
+	positive(&o.PreStartTimeout, endpoint.DefaultPreStartTimeout)
+	positive(&o.DialTimeout, endpoint.DefaultDialTimeout)
+	positive(&o.MaxRecvMsgSize, endpoint.DefaultMaxRecvMsgSize)
+	positive(&o.MaxDevicesPerResource, DefaultMaxDevicesPerResource)
+	positive(&o.MaxResources, DefaultMaxResources)
+	positive(&o.MaxInstancesPerResource, DefaultMaxInstancesPerResource)
+	positive(&o.KeepaliveTime, endpoint.DefaultKeepaliveTime)
+	positive(&o.KeepaliveTimeout, endpoint.DefaultKeepaliveTimeout)
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
 	}
@@ -200,6 +180,13 @@ func (o Options) withDefaults() (Options, error) {
 		o.Logger = klog.Background()
 	}
 	return o, nil
+}
+
+// positive sets *v to def unless it is above zero.
+func positive[T int | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
 }
 
 func (o Options) endpointOptions() endpoint.Options {
