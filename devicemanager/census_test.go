@@ -2,6 +2,7 @@ package devicemanager
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -15,8 +16,8 @@ import (
 )
 
 // The census behind GetTopologyHints, kept up to date as devices are
-// allocated, released and change health, answers what a computation from
-// scratch answers.
+// allocated, released and change health, answers as a census counted afresh
+// from the same devices, with the free devices found from scratch.
 func TestHintsCensusStaysExact(t *testing.T) {
 	h := newHarness(t, func(o *Options) { o.NUMANodes = []int{0, 1, 2} }).start()
 	var devs []*pluginapi.Device
@@ -64,16 +65,23 @@ func TestHintsCensusStaysExact(t *testing.T) {
 			pod := newPod("probe", ctr("app", res1, request))
 			got := h.m.GetTopologyHints(pod, &pod.Spec.Containers[0])[res1]
 			h.m.mu.Lock()
-			r := h.m.core.resources[res1]
-			want := topology.ResourceHints(topology.HintRequest{
-				MachineNodes: h.opts.NUMANodes, Devices: r.deviceMap(), Available: available(h.m.core, r),
-				Reusable: sets.New[string](), Request: request,
-			})
+			want := freshHints(h.m.core, h.m.core.resources[res1], h.opts.NUMANodes, request)
 			h.m.mu.Unlock()
 			require.Equal(t, want, got, "step %d request %d", step, request)
 		}
 		checkAvailable(t, h.m, res1)
 	}
+}
+
+// freshHints returns the hints of a request of request devices of r, with no
+// devices held or reusable, from a census counted now from r's devices: its
+// healthy devices are those available counts free from scratch and none is
+// allocated, so neither the manager's cached census nor its view of the free
+// devices takes part. Expects the manager's lock held.
+func freshHints(c *core, r *resourceState, machine []int, request int) []topology.Hint {
+	devices := r.deviceMap()
+	fresh := topology.CountDevices(maps.All(devices), len(devices), available(c, r).Has)
+	return fresh.Hints(machine, nil, sets.New[string](), nil, request)
 }
 
 // waitDevices waits until the manager holds exactly devs for res, with their
@@ -148,8 +156,7 @@ func TestCensusFollowsTopologyOnlyUpdates(t *testing.T) {
 	r.setDevices([]*pluginapi.Device{dev("a", pluginapi.Healthy), dev("c", pluginapi.Unhealthy)})
 	c.census(r)
 	r.setDevices([]*pluginapi.Device{dev("a", pluginapi.Healthy), dev("c", "Unknown", 0)})
-	want := topology.ResourceHints(topology.HintRequest{
-		MachineNodes: []int{0, 1}, Devices: r.deviceMap(), Available: available(c, r), Reusable: sets.New[string](), Request: 1,
-	})
+	want := freshHints(c, r, []int{0, 1}, 1)
+	require.NotNil(t, want, "the resource is topology-aware now")
 	require.Equal(t, want, c.census(r).Hints([]int{0, 1}, nil, sets.New[string](), nil, 1))
 }

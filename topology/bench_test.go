@@ -2,6 +2,7 @@ package topology
 
 import (
 	"fmt"
+	"maps"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -23,52 +24,75 @@ var benchCases = []benchCase{
 	{name: "80000dev-2of34nodes", devices: 80000, machineNodes: 34, deviceNodes: 2},
 }
 
-// benchRequest builds the resource: one device in ten is allocated.
-func benchRequest(c benchCase) HintRequest {
-	devices := make(map[string]*pluginapi.Device, c.devices)
-	available := sets.New[string]()
+// benchResource is the resource of a case, every device healthy, and one
+// device in ten allocated.
+type benchResource struct {
+	machine   []int
+	devices   map[string]*pluginapi.Device
+	allocated sets.Set[string]
+}
+
+func newBenchResource(c benchCase) benchResource {
+	r := benchResource{
+		machine:   seqNodes(c.machineNodes),
+		devices:   make(map[string]*pluginapi.Device, c.devices),
+		allocated: sets.New[string](),
+	}
 	for i := range c.devices {
 		id := fmt.Sprintf("dev-%06d", i)
-		devices[id] = numaDev(id, int64(i%c.deviceNodes))
-		if i%10 != 0 {
-			available.Insert(id)
+		r.devices[id] = numaDev(id, int64(i%c.deviceNodes))
+		if i%10 == 0 {
+			r.allocated.Insert(id)
 		}
 	}
-	return HintRequest{MachineNodes: seqNodes(c.machineNodes), Devices: devices, Available: available, Request: 4}
+	return r
 }
 
-func BenchmarkGenerateHints(b *testing.B) {
+func (r benchResource) census() *Census {
+	return CountDevices(maps.All(r.devices), len(r.devices), func(string) bool { return true })
+}
+
+// BenchmarkCountDevices: the one pass over the devices, once per change of
+// the devices or their health.
+func BenchmarkCountDevices(b *testing.B) {
 	for _, c := range benchCases {
-		r := benchRequest(c)
+		r := newBenchResource(c)
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				GenerateHints(r.MachineNodes, r.Devices, r.Available, r.Reusable, r.Request)
+				r.census()
 			}
 		})
 	}
 }
 
-func BenchmarkResourceHints(b *testing.B) {
+// BenchmarkCensusHints: the hints of a request of four devices.
+func BenchmarkCensusHints(b *testing.B) {
 	for _, c := range benchCases {
-		r := benchRequest(c)
+		r := newBenchResource(c)
+		census := r.census()
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				ResourceHints(r)
+				census.Hints(r.machine, r.allocated, nil, nil, 4)
 			}
 		})
 	}
 }
 
-func BenchmarkFilterByAffinity(b *testing.B) {
+// BenchmarkCensusTiers: the tiers of the free devices for an affinity to
+// node 0.
+func BenchmarkCensusTiers(b *testing.B) {
 	for _, c := range []benchCase{benchCases[0], benchCases[2]} {
-		r := benchRequest(c)
+		r := newBenchResource(c)
+		census := r.census()
+		ids := sets.List(sets.KeySet(r.devices))
+		free := func(id string) bool { return !r.allocated.Has(id) }
 		affinity := mask(0)
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				FilterByAffinity(&affinity, r.Devices, r.Available)
+				census.Tiers(&affinity, ids, free)
 			}
 		})
 	}

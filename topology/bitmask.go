@@ -53,41 +53,11 @@ func (b BitMask) IsSet(node int) bool {
 	return validNode(node) && b&bit(node) != 0
 }
 
-// AnySet reports whether any of nodes is in b; false for an empty list.
-// Nodes outside 0..63 are never set.
-func (b BitMask) AnySet(nodes []int) bool {
-	for _, n := range nodes {
-		if b.IsSet(n) {
-			return true
-		}
-	}
-	return false
-}
-
 // Count returns the number of nodes in b.
 func (b BitMask) Count() int { return bits.OnesCount64(uint64(b)) }
 
 // IsEmpty reports whether b holds no node.
 func (b BitMask) IsEmpty() bool { return b == 0 }
-
-// And returns the nodes that b and every mask of o have in common.
-func (b BitMask) And(o ...BitMask) BitMask {
-	for _, m := range o {
-		b &= m
-	}
-	return b
-}
-
-// Or returns the nodes of b and of every mask of o.
-func (b BitMask) Or(o ...BitMask) BitMask {
-	for _, m := range o {
-		b |= m
-	}
-	return b
-}
-
-// IsEqual reports whether b and o hold the same nodes.
-func (b BitMask) IsEqual(o BitMask) bool { return b == o }
 
 // IsNarrowerThan reports whether b holds fewer nodes than o or, with as many
 // nodes, is the smaller integer (so {0} is narrower than {1}).
@@ -95,28 +65,12 @@ func (b BitMask) IsNarrowerThan(o BitMask) bool {
 	if cb, co := b.Count(), o.Count(); cb != co {
 		return cb < co
 	}
-	return b.IsLessThan(o)
+	return b < o
 }
-
-// IsLessThan compares b and o as unsigned integers.
-func (b BitMask) IsLessThan(o BitMask) bool { return b < o }
-
-// IsGreaterThan compares b and o as unsigned integers.
-func (b BitMask) IsGreaterThan(o BitMask) bool { return b > o }
 
 // String renders b in binary, highest node first, with at least two digits:
 // "00", "01", "10", "11", "101".
 func (b BitMask) String() string { return fmt.Sprintf("%02b", uint64(b)) }
-
-// IterateBitMasks calls fn with every non-empty subset of nodes: first all
-// subsets of one node, then of two, and so on; subsets of one size come in
-// the lexicographic order of combinations of positions in nodes (for
-// [0 1 2]: {0} {1} {2} {0,1} {0,2} {1,2} {0,1,2}). Ids outside 0..63 are
-// skipped, and a repeated id counts once (its first position), so every mask
-// of size k holds exactly k nodes and none is produced twice.
-func IterateBitMasks(nodes []int, fn func(BitMask)) {
-	eachSubset(usableNodes(nodes), func(m BitMask, _ int) { fn(m) })
-}
 
 // usableNodes returns nodes without ids outside 0..63 and without repeats,
 // keeping the order of first appearance. It returns nodes itself when there
@@ -140,8 +94,12 @@ func usableNodes(nodes []int) []int {
 	return nodes
 }
 
-// eachSubset enumerates the non-empty subsets of nodes (valid and distinct)
-// in the order IterateBitMasks documents, passing each mask and its size.
+// eachSubset calls fn with every non-empty subset of nodes (ids in 0..63,
+// each once) and its size: first all subsets of one node, then of two, and
+// so on; subsets of one size come in the lexicographic order of combinations
+// of positions in nodes (for [0 1 2]: {0} {1} {2} {0,1} {0,2} {1,2}
+// {0,1,2}). This is the order of the kubelet's IterateBitMasks, and so of
+// hints.
 func eachSubset(nodes []int, fn func(mask BitMask, size int)) {
 	n := len(nodes)
 	idx := make([]int, n)

@@ -6,11 +6,12 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/util/sets"
 )
 
-// The cases of the kubelet's topologymanager/bitmask tests, on a value type:
-// Add, Remove, Clear and Fill of the kubelet's mutable mask become NewBitMask,
-// And with a complement, And with the empty mask and the full mask.
+// The cases of the kubelet's topologymanager/bitmask tests that concern the
+// operations devmgr keeps, on a value type: Add and Remove of the kubelet's
+// mutable mask become NewBitMask with Go's | and &^, and Fill the full mask.
 
 func TestNewEmptyBitMask(t *testing.T) {
 	var m BitMask
@@ -69,7 +70,7 @@ func TestAdd(t *testing.T) {
 			var m BitMask
 			add, err := NewBitMask(tc.nodes...)
 			assert.Equal(t, tc.wantErr, err != nil, "error: %v", err)
-			m = m.Or(add)
+			m |= add
 			assert.Equal(t, tc.want, m.String())
 		})
 	}
@@ -91,77 +92,17 @@ func TestRemove(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			m := mask(tc.set...)
 			rm, _ := NewBitMask(tc.remove...) // out of range: empty, nothing removed
-			assert.Equal(t, tc.want, m.And(^rm).String())
+			assert.Equal(t, tc.want, (m &^ rm).String())
 		})
 	}
 }
 
-func TestAnd(t *testing.T) {
-	tests := []struct {
-		name  string
-		masks [][]int
-		want  string
-	}{
-		{name: "11 AND 11", masks: [][]int{{0, 1}, {0, 1}}, want: "11"},
-		{name: "11 AND 10", masks: [][]int{{0, 1}, {1}}, want: "10"},
-		{name: "01 AND 11", masks: [][]int{{0}, {0, 1}}, want: "01"},
-		{name: "11 AND 11 AND 10", masks: [][]int{{0, 1}, {0, 1}, {1}}, want: "10"},
-		{name: "01 AND 01 AND 10 AND 11", masks: [][]int{{0}, {0}, {1}, {0, 1}}, want: "00"},
-		{name: "1111 AND 1110 AND 1100 AND 1000", masks: [][]int{{0, 1, 2, 3}, {1, 2, 3}, {2, 3}, {3}}, want: "1000"},
-		{name: "single mask", masks: [][]int{{0, 2}}, want: "101"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			var others []BitMask
-			for _, nodes := range tc.masks[1:] {
-				others = append(others, mask(nodes...))
-			}
-			assert.Equal(t, tc.want, mask(tc.masks[0]...).And(others...).String())
-		})
-	}
-}
-
-func TestOr(t *testing.T) {
-	tests := []struct {
-		name  string
-		masks [][]int
-		want  string
-	}{
-		{name: "01 OR 00", masks: [][]int{{0}, {}}, want: "01"},
-		{name: "10 OR 10", masks: [][]int{{1}, {1}}, want: "10"},
-		{name: "01 OR 10", masks: [][]int{{0}, {1}}, want: "11"},
-		{name: "11 OR 11", masks: [][]int{{0, 1}, {0, 1}}, want: "11"},
-		{name: "01 OR 10 OR 11", masks: [][]int{{0}, {1}, {0, 1}}, want: "11"},
-		{name: "1000 OR 0100 OR 0010 OR 0001", masks: [][]int{{3}, {2}, {1}, {0}}, want: "1111"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			var others []BitMask
-			for _, nodes := range tc.masks[1:] {
-				others = append(others, mask(nodes...))
-			}
-			assert.Equal(t, tc.want, mask(tc.masks[0]...).Or(others...).String())
-		})
-	}
-}
-
-func TestClear(t *testing.T) {
-	for _, nodes := range [][]int{{0}, {1}, {0, 1}} {
-		m := mask(nodes...)
-		cleared := m.And(0)
-		assert.Equal(t, "00", cleared.String(), "clear %v", nodes)
-		assert.True(t, cleared.IsEmpty())
-	}
-}
-
-func TestFill(t *testing.T) {
-	full := strings.Repeat("1", 64)
-	for _, nodes := range [][]int{nil, {0}, {0, 1}} {
-		filled := mask(nodes...).Or(^BitMask(0))
-		assert.Equal(t, full, filled.String(), "fill %v", nodes)
-		assert.Equal(t, 64, filled.Count())
-		assert.Equal(t, seqNodes(64), filled.GetBits())
-	}
+func TestFullMask(t *testing.T) {
+	full := ^BitMask(0)
+	assert.Equal(t, strings.Repeat("1", 64), full.String())
+	assert.Equal(t, 64, full.Count())
+	assert.Equal(t, seqNodes(64), full.GetBits())
+	assert.Equal(t, full, mask(seqNodes(64)...))
 }
 
 func TestIsEmpty(t *testing.T) {
@@ -198,44 +139,6 @@ func TestIsSet(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			assert.Equal(t, tc.want, mask(tc.nodes...).IsSet(tc.check))
 		})
-	}
-}
-
-func TestAnySet(t *testing.T) {
-	tests := []struct {
-		name  string
-		nodes []int
-		check []int
-		want  bool
-	}{
-		{name: "11 in 00", nodes: nil, check: []int{0, 1}, want: false},
-		{name: "11 in 01", nodes: []int{0}, check: []int{0, 1}, want: true},
-		{name: "11 in 11", nodes: []int{0, 1}, check: []int{0, 1}, want: true},
-		{name: "bits outside 0-63", nodes: []int{0, 1}, check: []int{64, 65, -1}, want: false},
-		{name: "1001 in 0110", nodes: []int{1, 2}, check: []int{0, 3}, want: false},
-		{name: "empty list", nodes: []int{0, 1}, check: nil, want: false},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			assert.Equal(t, tc.want, mask(tc.nodes...).AnySet(tc.check))
-		})
-	}
-}
-
-func TestIsEqual(t *testing.T) {
-	tests := []struct {
-		a, b []int
-		want bool
-	}{
-		{a: nil, b: nil, want: true},
-		{a: nil, b: []int{0}, want: false},
-		{a: []int{0}, b: []int{0}, want: true},
-		{a: []int{0}, b: []int{1}, want: false},
-		{a: []int{0, 1}, b: []int{0, 1}, want: true},
-		{a: []int{0, 1}, b: []int{1, 0}, want: true},
-	}
-	for _, tc := range tests {
-		assert.Equal(t, tc.want, mask(tc.a...).IsEqual(mask(tc.b...)), "%v == %v", tc.a, tc.b)
 	}
 }
 
@@ -281,6 +184,7 @@ func TestIsNarrowerThan(t *testing.T) {
 		{name: "equal count, higher value", a: []int{1}, b: []int{0}, want: false},
 		{name: "fewer bits but higher value", a: []int{5}, b: []int{0, 1}, want: true},
 		{name: "same mask", a: []int{0, 1}, b: []int{0, 1}, want: false},
+		{name: "equal count, compared unsigned: node 63 last", a: []int{63}, b: []int{0}, want: false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -289,51 +193,25 @@ func TestIsNarrowerThan(t *testing.T) {
 	}
 }
 
-func TestIsLessThan(t *testing.T) {
-	tests := []struct {
-		a, b []int
-		want bool
-	}{
-		{a: []int{0}, b: []int{1}, want: true},
-		{a: []int{1}, b: []int{0}, want: false},
-		{a: []int{0, 1}, b: []int{2}, want: true}, // 3 < 4 though wider
-		{a: []int{0}, b: []int{0}, want: false},
-	}
-	for _, tc := range tests {
-		assert.Equal(t, tc.want, mask(tc.a...).IsLessThan(mask(tc.b...)), "%v < %v", tc.a, tc.b)
-	}
-}
-
-func TestIsGreaterThan(t *testing.T) {
-	tests := []struct {
-		a, b []int
-		want bool
-	}{
-		{a: []int{1}, b: []int{0}, want: true},
-		{a: []int{0}, b: []int{1}, want: false},
-		{a: []int{2}, b: []int{0, 1}, want: true},
-		{a: []int{0}, b: []int{0}, want: false},
-		{a: []int{63}, b: []int{0, 62}, want: true}, // unsigned: bit 63 is the largest
-	}
-	for _, tc := range tests {
-		assert.Equal(t, tc.want, mask(tc.a...).IsGreaterThan(mask(tc.b...)), "%v > %v", tc.a, tc.b)
-	}
-}
-
-func TestIterateBitMasksCount(t *testing.T) {
-	for _, n := range []int{1, 2, 4, 8, 16} {
-		count := 0
-		seen := make(map[BitMask]bool)
-		IterateBitMasks(seqNodes(n), func(m BitMask) {
-			count++
-			seen[m] = true
+// eachSubset lists what the reference's recursion lists, every subset once,
+// with its size.
+func TestEachSubsetMatchesSubsets(t *testing.T) {
+	for _, nodes := range [][]int{{5}, {0, 1}, {3, 0, 7, 1}, seqNodes(8), seqNodes(16), {63, 0, 31, 62, 1}} {
+		var got []BitMask
+		eachSubset(nodes, func(m BitMask, size int) {
+			require.Equal(t, m.Count(), size, "size of %v", m)
+			got = append(got, m)
 		})
-		assert.Equal(t, 1<<n-1, count, "%d bits", n)
-		assert.Len(t, seen, 1<<n-1, "%d bits: masks must be distinct", n)
+		want := subsets(nodes)
+		assert.Equal(t, want, got, "%v", nodes)
+		assert.Len(t, want, 1<<len(nodes)-1, "%v", nodes)
+		assert.Len(t, sets.New(got...), len(got), "%v: masks are distinct", nodes)
 	}
 }
 
-func TestIterateBitMasksOrder(t *testing.T) {
+// The order of hints: eachSubset over the nodes usableNodes keeps, as
+// candidateNodes gives them.
+func TestEachSubsetOrder(t *testing.T) {
 	tests := []struct {
 		name  string
 		nodes []int
@@ -375,7 +253,7 @@ func TestIterateBitMasksOrder(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var got []BitMask
-			IterateBitMasks(tc.nodes, func(m BitMask) { got = append(got, m) })
+			eachSubset(usableNodes(tc.nodes), func(m BitMask, _ int) { got = append(got, m) })
 			var want []BitMask
 			for _, nodes := range tc.want {
 				want = append(want, mask(nodes...))

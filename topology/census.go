@@ -2,24 +2,24 @@ package topology
 
 import (
 	"iter"
+	"math/bits"
 
-	"k8s.io/apimachinery/pkg/util/sets"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
-// Census keeps, for one resource, the counts hint generation needs: devices
-// per distinct node set ("signature"), all of them and the healthy ones. It
-// is built with one pass over the devices when their list or health changes;
-// Hints then costs one step per mask and signature plus the allocated,
-// reusable and held devices, not a pass over every device. Its answers are
-// those of ResourceHints over the same devices, with the healthy devices not
-// allocated as the available ones.
+// Census keeps, for one resource, what its topology hints (Hints) and tiers
+// (Tiers) need to know of its devices: the devices per distinct node set
+// ("signature"), all of them and the healthy ones, and the signature and
+// health of each device. It is built with one pass over the devices when
+// their list or health changes; Hints then costs one step per mask and
+// signature plus the allocated, reusable and held devices, not a pass over
+// every device.
 //
 // A Census does not change once built; it keeps what it needs of the
 // devices, not the devices.
 type Census struct {
 	t     tally // all counts, and healthy counts in avail; never reusable
-	aware bool
+	aware bool  // some device reports a node (hasNode)
 	// devs holds, per device ID, its signature slot and whether it is
 	// healthy.
 	devs    map[string]censusDevice
@@ -34,7 +34,7 @@ type censusDevice struct {
 
 // CountDevices counts devices, given as pairs of an ID and its device, each
 // ID once; n is about how many (room is made for that many), and healthy
-// tells which are healthy.
+// tells which are healthy. A nil device has no topology.
 func CountDevices(devices iter.Seq2[string, *pluginapi.Device], n int, healthy func(id string) bool) *Census {
 	c := &Census{devs: make(map[string]censusDevice, n)}
 	for id, d := range devices {
@@ -57,64 +57,78 @@ func CountDevices(devices iter.Seq2[string, *pluginapi.Device], n int, healthy f
 	return c
 }
 
-// Hints returns what ResourceHints returns for these devices with the
-// healthy devices that allocated does not hold as the available ones, and
-// with reusable and held as in HintRequest.
-func (c *Census) Hints(machineNodes []int, allocated, reusable, held sets.Set[string], request int) []Hint {
-	if !c.aware || len(usableNodes(machineNodes)) == 0 {
-		return nil
+// hasNode reports whether d's topology names a node: any id counts, even
+// one outside 0..63 or unknown to the machine, as in the kubelet; a nil
+// entry of the node list does not.
+func hasNode(d *pluginapi.Device) bool {
+	if d == nil || d.Topology == nil {
+		return false
 	}
-	t := c.t
-	t.slots = make([]sigCount, len(c.t.slots))
-	if held.Len() > 0 {
-		if held.Len() != request {
-			return []Hint{}
-		}
-		// Only the held devices are available.
-		for i, s := range c.t.slots {
-			t.slots[i] = sigCount{sig: s.sig, all: s.all}
-		}
-		for id := range held {
-			if cd, ok := c.devs[id]; ok && cd.slot >= 0 {
-				t.slots[cd.slot].avail++
-			}
-		}
-		return hintsFromTally(machineNodes, &t, request)
-	}
-	copy(t.slots, c.t.slots)
-	available := c.healthy
-	isAvailable := func(cd censusDevice, id string) bool { return cd.healthy && !allocated.Has(id) }
-	for id := range allocated {
-		if cd, ok := c.devs[id]; ok && cd.healthy {
-			available--
-			if cd.slot >= 0 {
-				t.slots[cd.slot].avail--
-			}
+	for _, n := range d.Topology.Nodes {
+		if n != nil {
+			return true
 		}
 	}
-	union := available
-	for id := range reusable {
-		cd, known := c.devs[id]
-		if !known || !isAvailable(cd, id) {
-			union++
-		}
-		if !known || !cd.topology {
-			continue // no topology: ignored
-		}
-		t.reusable++
-		if cd.slot < 0 {
-			t.rejectAll = true
-			continue
-		}
-		// A device both reusable and available counts once, as reusable.
-		s := &t.slots[cd.slot]
-		s.reusable++
-		if isAvailable(cd, id) {
-			s.avail--
+	return false
+}
+
+// signature returns the mask of d's NUMA node ids that lie in 0..63, and
+// whether d has a Topology at all (a nil device has none; nil entries of the
+// node list are skipped).
+func signature(d *pluginapi.Device) (BitMask, bool) {
+	if d == nil || d.Topology == nil {
+		return 0, false
+	}
+	var m BitMask
+	for _, n := range d.Topology.Nodes {
+		if n != nil && n.ID >= 0 && n.ID <= maxNode {
+			m |= bit(int(n.ID))
 		}
 	}
-	if union < request {
-		return []Hint{}
+	return m, true
+}
+
+// sigCount counts the devices of one signature.
+type sigCount struct {
+	sig      BitMask
+	all      int // devices of the resource
+	avail    int // available and not reusable
+	reusable int // reusable, with a Topology
+}
+
+// tally holds the counts per signature that hint generation reads.
+type tally struct {
+	slots  []sigCount      // one per distinct non-empty signature
+	single [64]int32       // slot index+1 of each single-node signature
+	multi  map[BitMask]int // slot index of each multi-node signature
+	nodes  BitMask         // union of all signatures
+	// reusable counts reusable devices with a Topology.
+	reusable int
+	// rejectAll is set by a reusable device with a Topology but no node
+	// in 0..63: it lies outside every mask.
+	rejectAll bool
+}
+
+// slotIndex returns the index of sig's slot in t.slots (sig not empty),
+// adding one if needed.
+func (t *tally) slotIndex(sig BitMask) int {
+	if sig&(sig-1) == 0 {
+		n := bits.TrailingZeros64(uint64(sig))
+		if i := t.single[n]; i != 0 {
+			return int(i - 1)
+		}
+		t.slots = append(t.slots, sigCount{sig: sig})
+		t.single[n] = int32(len(t.slots))
+	} else {
+		if i, ok := t.multi[sig]; ok {
+			return i
+		}
+		if t.multi == nil {
+			t.multi = make(map[BitMask]int)
+		}
+		t.slots = append(t.slots, sigCount{sig: sig})
+		t.multi[sig] = len(t.slots) - 1
 	}
-	return hintsFromTally(machineNodes, &t, request)
+	t.nodes |= sig
+	return len(t.slots) - 1
 }

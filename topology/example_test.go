@@ -2,6 +2,8 @@ package topology_test
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 
 	"k8s.io/apimachinery/pkg/util/sets"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -21,29 +23,21 @@ func Example() {
 		"gpu0": onNode("gpu0", 0), "gpu1": onNode("gpu1", 0),
 		"gpu2": onNode("gpu2", 1), "gpu3": onNode("gpu3", 1),
 	}
-	hints := topology.ResourceHints(topology.HintRequest{
-		MachineNodes: []int{0, 1, 2, 3},
-		Devices:      devices,
-		Available:    sets.New("gpu1", "gpu2", "gpu3"),
-		Request:      2,
+	// Count the devices once; count again when they or their health change.
+	census := topology.CountDevices(maps.All(devices), len(devices), func(id string) bool {
+		return devices[id].Health == pluginapi.Healthy
 	})
+	allocated := sets.New("gpu0")
+	hints := census.Hints([]int{0, 1, 2, 3}, allocated, nil, nil, 2)
 	fmt.Println("hints:", hints)
 
-	// The topology manager picks node 1; allocation then takes devices in
-	// tier order.
+	// The topology manager picks node 1; allocation then takes the free
+	// devices in tier order.
 	chosen := hints[0].NUMANodeAffinity
-	tiers := topology.FilterByAffinity(chosen, devices, sets.New("gpu1", "gpu2", "gpu3"))
+	ids := slices.Sorted(maps.Keys(devices))
+	tiers := census.Tiers(chosen, ids, func(id string) bool { return !allocated.Has(id) })
 	fmt.Println("nodes:", chosen.GetBits(), "aligned:", tiers.Aligned, "unaligned:", tiers.Unaligned)
 	// Output:
 	// hints: [{10 true} {11 false}]
 	// nodes: [1] aligned: [gpu2 gpu3] unaligned: [gpu1]
-}
-
-func ExampleIterateBitMasks() {
-	topology.IterateBitMasks([]int{0, 2, 3}, func(m topology.BitMask) {
-		fmt.Print(m.GetBits(), " ")
-	})
-	fmt.Println()
-	// Output:
-	// [0] [2] [3] [0 2] [0 3] [2 3] [0 2 3]
 }

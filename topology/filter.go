@@ -4,9 +4,6 @@ import (
 	"cmp"
 	"math/bits"
 	"slices"
-
-	"k8s.io/apimachinery/pkg/util/sets"
-	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
 // Tiers splits available devices by how they fit a container's NUMA
@@ -23,10 +20,11 @@ type Tiers struct {
 	NoTopology []string
 }
 
-// FilterByAffinity sorts the available devices of a resource into tiers for
-// the affinity the topology manager chose. With a nil affinity, or for a
-// resource that is not topology-aware (Aware), every available device is in
-// NoTopology.
+// Tiers sorts the devices of ids (in ID order, each once) that free reports
+// available into tiers for the affinity the topology manager chose (the
+// kubelet's filterByAffinity). With a nil affinity, or for a resource that
+// is not topology-aware (no device names a NUMA node, as Hints reads it),
+// every one of them is in NoTopology.
 //
 // Unlike the kubelet, which returns sets, the order is deterministic and
 // follows the kubelet's node walk: nodes in the affinity first, then the
@@ -37,21 +35,7 @@ type Tiers struct {
 //
 // Node ids outside 0..63 are dropped (they are in no affinity); a device left
 // without a node, a device with nil Topology or an empty node list, and an
-// available ID missing from devices are NoTopology.
-func FilterByAffinity(affinity *BitMask, devices map[string]*pluginapi.Device, available sets.Set[string]) Tiers {
-	ids := sets.List(available)
-	if affinity == nil || !Aware(devices) {
-		return Tiers{NoTopology: nilIfEmpty(ids)}
-	}
-	return tiersOf(*affinity, ids, func(id string) (BitMask, bool) {
-		sig, _ := signature(devices[id])
-		return sig, true
-	})
-}
-
-// Tiers is FilterByAffinity for the census's devices: those of ids (in ID
-// order, each once) that free reports available, with the node sets the
-// census already holds.
+// ID the census does not know are NoTopology.
 func (c *Census) Tiers(affinity *BitMask, ids []string, free func(id string) bool) Tiers {
 	if affinity == nil || !c.aware {
 		var out []string
@@ -63,18 +47,18 @@ func (c *Census) Tiers(affinity *BitMask, ids []string, free func(id string) boo
 		return Tiers{NoTopology: out}
 	}
 	return tiersOf(*affinity, ids, func(id string) (BitMask, bool) {
-		cd, ok := c.devs[id]
-		if !ok || !free(id) {
+		if !free(id) {
 			return 0, false
 		}
-		if cd.slot < 0 {
+		cd, ok := c.devs[id]
+		if !ok || cd.slot < 0 {
 			return 0, true
 		}
 		return c.t.slots[cd.slot].sig, true
 	})
 }
 
-// tiersOf sorts into tiers, as FilterByAffinity documents, the devices of ids
+// tiersOf sorts into tiers, as Census.Tiers documents, the devices of ids
 // (in ID order, each once) that lookup reports available, with the node set
 // it reports for each. Devices keep the order of ids within a rank.
 func tiersOf(mask BitMask, ids []string, lookup func(id string) (BitMask, bool)) Tiers {
@@ -146,11 +130,4 @@ func tiersOf(mask BitMask, ids []string, lookup func(id string) (BitMask, bool))
 		}
 	}
 	return t
-}
-
-func nilIfEmpty(s []string) []string {
-	if len(s) == 0 {
-		return nil
-	}
-	return s
 }

@@ -2,6 +2,7 @@ package topology
 
 import (
 	"fmt"
+	"maps"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -14,8 +15,15 @@ func maskPtr(nodes ...int) *BitMask {
 	return &m
 }
 
+// censusTiers tiers the available devices (IDs that are not devices
+// included) with a census of all the devices.
+func censusTiers(affinity *BitMask, devices map[string]*pluginapi.Device, available sets.Set[string]) Tiers {
+	c := CountDevices(maps.All(devices), len(devices), func(string) bool { return true })
+	return c.Tiers(affinity, sets.List(available), available.Has)
+}
+
 // TestFilterByAffinity: the kubelet's example for filterByAffinity and the
-// deterministic order devmgr adds.
+// deterministic order devmgr adds, from the census and the reference.
 func TestFilterByAffinity(t *testing.T) {
 	example := deviceMap(numaDev("dev1", 1), numaDev("dev2", 1, 2), numaDev("dev3", 2), numaDev("dev4", 2), plainDev("dev5"))
 	tests := []struct {
@@ -133,8 +141,9 @@ func TestFilterByAffinity(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := FilterByAffinity(tc.affinity, tc.devices, sets.New(tc.available...))
-			assert.Equal(t, tc.want, got)
+			available := sets.New(tc.available...)
+			assert.Equal(t, tc.want, censusTiers(tc.affinity, tc.devices, available), "census")
+			assert.Equal(t, tc.want, referenceTiers(tc.affinity, tc.devices, available), "reference")
 		})
 	}
 }
@@ -199,7 +208,7 @@ func TestTopologyAlignedAllocationTiers(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			tiers := FilterByAffinity(tc.affinity, tc.devices, sets.KeySet(tc.devices))
+			tiers := censusTiers(tc.affinity, tc.devices, sets.KeySet(tc.devices))
 			order := append(append(append([]string{}, tiers.Aligned...), tiers.Unaligned...), tiers.NoTopology...)
 			assert.Len(t, order, len(tc.devices), "every available device in exactly one tier")
 			got := make(map[int]int)

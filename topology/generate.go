@@ -1,92 +1,34 @@
 package topology
 
-import (
-	"math/bits"
+import "k8s.io/apimachinery/pkg/util/sets"
 
-	"k8s.io/apimachinery/pkg/util/sets"
-	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
-)
-
-// HintRequest is what ResourceHints needs to know about one resource of one
-// container (container scope) or one pod (pod scope).
-type HintRequest struct {
-	// MachineNodes are the machine's NUMA node ids (Discover's result).
-	MachineNodes []int
-	// Devices are all devices of the resource, healthy or not, by ID.
-	Devices map[string]*pluginapi.Device
-	// Available are the healthy devices not allocated to anyone.
-	Available sets.Set[string]
-	// Reusable is the reuse pool: devices regular init containers of the pod
-	// hold and later containers may take (container scope); nil at pod scope.
-	Reusable sets.Set[string]
-	// Held are the devices the container (or, at pod scope, the pod) already
-	// holds; nil or empty if none.
-	Held sets.Set[string]
-	// Request is the number of devices asked for.
-	Request int
-}
-
-// ResourceHints returns the topology hints of one resource, as the kubelet's
-// GetTopologyHints (container scope) and GetPodTopologyHints (pod scope) do:
-//   - nil (no preference) when the resource is not topology-aware (Aware),
-//     or when MachineNodes holds no id in 0..63 (a machine without NUMA
-//     information);
-//   - when Held is not empty: an empty non-nil slice if its size differs from
-//     Request, else the hints of exactly the held devices (no reuse pool);
-//   - otherwise an empty non-nil slice (nothing can satisfy the request) when
-//     Available and Reusable together hold fewer than Request devices, else
-//     GenerateHints over Available and Reusable.
-func ResourceHints(r HintRequest) []Hint {
-	if !Aware(r.Devices) || len(usableNodes(r.MachineNodes)) == 0 {
-		return nil
-	}
-	if r.Held.Len() > 0 {
-		if r.Held.Len() != r.Request {
-			return []Hint{}
-		}
-		return GenerateHints(r.MachineNodes, r.Devices, r.Held, nil, r.Request)
-	}
-	if unionLen(r.Available, r.Reusable) < r.Request {
-		return []Hint{}
-	}
-	return GenerateHints(r.MachineNodes, r.Devices, r.Available, r.Reusable, r.Request)
-}
-
-// Aware reports whether a resource is topology-aware: some device of it
-// reports at least one NUMA node. Any id counts, even one outside 0..63 or unknown to the machine, as in the
-// kubelet; nil Topology, an empty node list and nil list entries do not.
-func Aware(devices map[string]*pluginapi.Device) bool {
-	for _, d := range devices {
-		if hasNode(d) {
-			return true
-		}
-	}
-	return false
-}
-
-// hasNode reports whether d's topology names a node.
-func hasNode(d *pluginapi.Device) bool {
-	if d == nil || d.Topology == nil {
-		return false
-	}
-	for _, n := range d.Topology.Nodes {
-		if n != nil {
-			return true
-		}
-	}
-	return false
-}
-
-// GenerateHints enumerates the NUMA masks that can hold request devices of a
-// resource (the kubelet's generateDeviceTopologyHints). It always
-// returns a non-nil slice, empty when no mask fits.
+// Hints returns the topology hints of the resource for a request of request
+// devices, as the kubelet's GetTopologyHints (container scope) and
+// GetPodTopologyHints (pod scope) do. The available devices are the healthy
+// ones that allocated does not hold; reusable is the reuse pool, the devices
+// regular init containers of the pod hold and later containers may take
+// (container scope; nil at pod scope); held are the devices the container
+// (or, at pod scope, the pod) already holds, nil or empty if none. Hints
+// returns:
+//   - nil (no preference) when no device names a NUMA node (any id counts,
+//     even one outside 0..63 or unknown to the machine; nil Topology, an
+//     empty node list and nil list entries do not), or when machineNodes
+//     holds no id in 0..63 (a machine without NUMA information);
+//   - when held is not empty: an empty non-nil slice if its size differs
+//     from request, else the masks below with exactly the held devices as
+//     the available ones, healthy or not, and no reuse pool;
+//   - otherwise an empty non-nil slice (nothing can satisfy the request)
+//     when the available and reusable devices together number fewer than
+//     request, else the masks below.
 //
-// Candidate nodes are the NUMA nodes any device reports (healthy or not) that
-// machineNodes also lists, ascending; when there are none, machineNodes in
-// their given order. Every non-empty subset of the candidates is tried, in
-// IterateBitMasks order, which is also the order of the result. A mask is
-// kept when no reusable device with a Topology lies wholly outside it (such
-// a device, even one with an empty node list, rejects the mask; one with nil
+// The masks are those of the kubelet's generateDeviceTopologyHints, always
+// a non-nil slice, empty when no mask fits. Candidate nodes are the NUMA
+// nodes any device reports (healthy or not) that machineNodes also lists,
+// ascending; when there are none, the ids of machineNodes in 0..63 in their
+// given order. Every non-empty subset of the candidates is tried, in
+// eachSubset's order, which is also the order of the result. A mask is kept
+// when no reusable device with a Topology lies wholly outside it (such a
+// device, even one with an empty node list, rejects the mask; one with nil
 // Topology is ignored) and the reusable devices with a Topology plus the
 // available devices with a node in the mask number at least request. A kept
 // mask is Preferred when it has as few nodes as the narrowest mask that
@@ -94,19 +36,75 @@ func hasNode(d *pluginapi.Device) bool {
 // unhealthy ones included, were free (at most all candidates).
 //
 // A device counts for a mask when any of its nodes is in it, once however
-// many of its nodes are. IDs of available or reusable that are not keys of
-// devices have no topology; a device both reusable and available counts once,
-// as reusable. Node ids outside 0..63 are never in a mask.
+// many of its nodes are. A device both reusable and available counts once,
+// as reusable. IDs of allocated, reusable and held that the census does not
+// know have no topology. Node ids outside 0..63 are never in a mask.
 //
-// Cost: one pass over devices, then per mask one step per distinct node set
-// ("signature") of the devices: O(len(devices) + 2^c * s) for c candidate
-// nodes and s signatures, whatever the number of devices.
-func GenerateHints(machineNodes []int, devices map[string]*pluginapi.Device,
-	available, reusable sets.Set[string], request int) []Hint {
-	return hintsFromTally(machineNodes, tallyDevices(devices, available, reusable), request)
+// Cost: a step per allocated, reusable and held device, then per mask one
+// step per signature: O(a + r + h + 2^c * s) for c candidate nodes and s
+// signatures, whatever the number of devices.
+func (c *Census) Hints(machineNodes []int, allocated, reusable, held sets.Set[string], request int) []Hint {
+	if !c.aware || len(usableNodes(machineNodes)) == 0 {
+		return nil
+	}
+	t := c.t
+	t.slots = make([]sigCount, len(c.t.slots))
+	if held.Len() > 0 {
+		if held.Len() != request {
+			return []Hint{}
+		}
+		// Only the held devices are available.
+		for i, s := range c.t.slots {
+			t.slots[i] = sigCount{sig: s.sig, all: s.all}
+		}
+		for id := range held {
+			if cd, ok := c.devs[id]; ok && cd.slot >= 0 {
+				t.slots[cd.slot].avail++
+			}
+		}
+		return hintsFromTally(machineNodes, &t, request)
+	}
+	copy(t.slots, c.t.slots)
+	available := c.healthy
+	isAvailable := func(cd censusDevice, id string) bool { return cd.healthy && !allocated.Has(id) }
+	for id := range allocated {
+		if cd, ok := c.devs[id]; ok && cd.healthy {
+			available--
+			if cd.slot >= 0 {
+				t.slots[cd.slot].avail--
+			}
+		}
+	}
+	union := available
+	for id := range reusable {
+		cd, known := c.devs[id]
+		if !known || !isAvailable(cd, id) {
+			union++
+		}
+		if !known || !cd.topology {
+			continue // no topology: ignored
+		}
+		t.reusable++
+		if cd.slot < 0 {
+			t.rejectAll = true
+			continue
+		}
+		// A device both reusable and available counts once, as reusable.
+		s := &t.slots[cd.slot]
+		s.reusable++
+		if isAvailable(cd, id) {
+			s.avail--
+		}
+	}
+	if union < request {
+		return []Hint{}
+	}
+	return hintsFromTally(machineNodes, &t, request)
 }
 
-// hintsFromTally is GenerateHints once the devices are counted.
+// hintsFromTally returns the masks Hints describes, from the counts of t:
+// avail counts the available devices that are not reusable. It may modify
+// t.slots.
 func hintsFromTally(machineNodes []int, t *tally, request int) []Hint {
 	if t.rejectAll {
 		return []Hint{}
@@ -185,107 +183,4 @@ func deviceNUMANodes(machineNodes []int, deviceNodes BitMask) []int {
 		}
 	}
 	return (machine & deviceNodes).GetBits()
-}
-
-// sigCount counts the devices of one signature: the set of their NUMA nodes
-// (ids in 0..63).
-type sigCount struct {
-	sig      BitMask
-	all      int // devices of the resource
-	avail    int // available and not reusable
-	reusable int // reusable, with a Topology
-}
-
-// tally is the result of the single pass over a resource's devices.
-type tally struct {
-	slots  []sigCount      // one per distinct non-empty signature
-	single [64]int32       // slot index+1 of each single-node signature
-	multi  map[BitMask]int // slot index of each multi-node signature
-	nodes  BitMask         // union of all signatures
-	// reusable counts reusable devices with a Topology.
-	reusable int
-	// rejectAll is set by a reusable device with a Topology but no node
-	// in 0..63: it lies outside every mask.
-	rejectAll bool
-}
-
-// tallyDevices makes the one pass over devices that hint generation needs.
-func tallyDevices(devices map[string]*pluginapi.Device, available, reusable sets.Set[string]) *tally {
-	t := &tally{}
-	for id, d := range devices {
-		sig, hasTopology := signature(d)
-		isReusable := hasTopology && len(reusable) > 0 && reusable.Has(id)
-		if isReusable {
-			t.reusable++
-			if sig == 0 {
-				t.rejectAll = true
-			}
-		}
-		if sig == 0 {
-			continue
-		}
-		s := t.slot(sig)
-		s.all++
-		switch {
-		case isReusable:
-			s.reusable++
-		case len(available) > 0 && available.Has(id):
-			s.avail++
-		}
-	}
-	return t
-}
-
-// slot returns the counters of sig (not empty), adding them if new. The
-// pointer is valid until the next call.
-func (t *tally) slot(sig BitMask) *sigCount { return &t.slots[t.slotIndex(sig)] }
-
-// slotIndex returns the index of sig's slot in t.slots, adding one if needed.
-func (t *tally) slotIndex(sig BitMask) int {
-	if sig&(sig-1) == 0 {
-		n := bits.TrailingZeros64(uint64(sig))
-		if i := t.single[n]; i != 0 {
-			return int(i - 1)
-		}
-		t.slots = append(t.slots, sigCount{sig: sig})
-		t.single[n] = int32(len(t.slots))
-	} else {
-		if i, ok := t.multi[sig]; ok {
-			return i
-		}
-		if t.multi == nil {
-			t.multi = make(map[BitMask]int)
-		}
-		t.slots = append(t.slots, sigCount{sig: sig})
-		t.multi[sig] = len(t.slots) - 1
-	}
-	t.nodes |= sig
-	return len(t.slots) - 1
-}
-
-// signature returns the mask of d's NUMA node ids that lie in 0..63, and
-// whether d has a Topology at all (a missing device has none; nil entries of
-// the node list are skipped).
-func signature(d *pluginapi.Device) (BitMask, bool) {
-	if d == nil || d.Topology == nil {
-		return 0, false
-	}
-	var m BitMask
-	for _, n := range d.Topology.Nodes {
-		if n != nil && n.ID >= 0 && n.ID <= maxNode {
-			m |= bit(int(n.ID))
-		}
-	}
-	return m, true
-}
-
-// unionLen returns |a ∪ b|.
-func unionLen(a, b sets.Set[string]) int {
-	n := len(a)
-	for id := range b {
-		if !a.Has(id) {
-			n++
-		}
-	}
-	return n
 }

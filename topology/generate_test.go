@@ -1,6 +1,7 @@
 package topology
 
 import (
+	"maps"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -25,41 +26,48 @@ type containerCase struct {
 	want      []Hint
 }
 
-// request builds the HintRequest: available = healthy minus everything
-// allocated (elsewhere, held and the reuse pool are all allocated).
-func (c containerCase) hintRequest() HintRequest {
+// query asks for the hints of the case: the healthy devices are all but
+// unhealthy, and elsewhere, held and the reuse pool are all allocated.
+func (c containerCase) query() hintQuery {
 	machine := c.machine
 	if machine == nil {
 		machine = []int{0, 1}
 	}
 	all := deviceMap(c.devices...)
-	available := sets.KeySet(all).Delete(c.unhealthy...).Delete(c.elsewhere...).
-		Delete(c.held...).Delete(c.reusable...)
-	r := HintRequest{MachineNodes: machine, Devices: all, Available: available, Request: c.request}
-	if c.held != nil {
-		r.Held = sets.New(c.held...)
+	return hintQuery{
+		machine:   machine,
+		devices:   all,
+		healthy:   sets.KeySet(all).Delete(c.unhealthy...),
+		allocated: sets.New(c.elsewhere...).Insert(c.held...).Insert(c.reusable...),
+		reusable:  setOrNil(c.reusable),
+		held:      setOrNil(c.held),
+		request:   c.request,
 	}
-	if c.reusable != nil {
-		r.Reusable = sets.New(c.reusable...)
-	}
-	return r
 }
 
-// runContainerCases checks exact results, order included: nil and empty
-// differ, and the order is the kubelet's enumeration order (by mask size,
-// then in combination order of the candidate nodes).
+// checkHints requires the census and the reference to answer q with want
+// exactly, order included: nil and empty differ, and the order is the
+// kubelet's enumeration order (by mask size, then in combination order of
+// the candidate nodes).
+func checkHints(t *testing.T, q hintQuery, want []Hint) {
+	t.Helper()
+	for _, answer := range []struct {
+		by  string
+		got []Hint
+	}{{"census", q.censusHints()}, {"reference", referenceHints(q)}} {
+		if want == nil {
+			assert.Nil(t, answer.got, answer.by)
+			continue
+		}
+		require.NotNil(t, answer.got, "%s: nil means no preference", answer.by)
+		assert.Equal(t, want, answer.got, answer.by)
+	}
+}
+
 func runContainerCases(t *testing.T, cases []containerCase) {
 	t.Helper()
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			got := ResourceHints(tc.hintRequest())
-			if tc.want == nil {
-				assert.Nil(t, got)
-				return
-			}
-			require.NotNil(t, got, "nil means no preference")
-			assert.Equal(t, tc.want, got)
-		})
+		t.Run(tc.name, func(t *testing.T) { checkHints(t, tc.query(), tc.want) })
 	}
 }
 
@@ -151,9 +159,9 @@ func TestGetTopologyHints(t *testing.T) {
 	})
 }
 
-// TestResourceHintsDecisions covers the kubelet's per-resource decision (no
+// TestHintsDecisions covers the kubelet's per-resource decision (no
 // preference, impossible, or generated hints) beyond the kubelet's table.
-func TestResourceHintsDecisions(t *testing.T) {
+func TestHintsDecisions(t *testing.T) {
 	twoPerNode := []*pluginapi.Device{numaDev("Dev1", 0), numaDev("Dev2", 1), numaDev("Dev3", 0), numaDev("Dev4", 1)}
 	runContainerCases(t, []containerCase{
 		{
@@ -226,173 +234,29 @@ func TestResourceHintsDecisions(t *testing.T) {
 	})
 }
 
-// TestGenerateHintsDeviceShapes covers devices the kubelet would panic on or
-// that stress the signature counting.
-func TestGenerateHintsDeviceShapes(t *testing.T) {
-	nilEntry := &pluginapi.Device{ID: "nilEntry", Topology: &pluginapi.TopologyInfo{
-		Nodes: []*pluginapi.NUMANode{nil, {ID: 1}},
-	}}
-	onlyNilEntry := &pluginapi.Device{ID: "onlyNil", Topology: &pluginapi.TopologyInfo{
-		Nodes: []*pluginapi.NUMANode{nil},
-	}}
-	tests := []struct {
-		name      string
-		machine   []int
-		devices   map[string]*pluginapi.Device
-		available []string
-		reusable  []string
-		request   int
-		want      []Hint
-	}{
-		{
-			name:      "a device on two nodes counts once per mask",
-			machine:   []int{0, 1},
-			devices:   deviceMap(numaDev("a", 0, 1), numaDev("b", 1)),
-			available: []string{"a", "b"},
-			request:   2,
-			// {1} holds a and b; {0,1} holds them once each, not three.
-			want: []Hint{hint(true, 1), hint(false, 0, 1)},
-		},
-		{
-			name:      "a device on two nodes does not double the count",
-			machine:   []int{0, 1},
-			devices:   deviceMap(numaDev("a", 0, 1)),
-			available: []string{"a"},
-			request:   2,
-			want:      []Hint{},
-		},
-		{
-			name:      "available ID missing from the device map has no topology",
-			machine:   []int{0, 1},
-			devices:   deviceMap(numaDev("a", 0)),
-			available: []string{"a", "ghost"},
-			request:   2,
-			want:      []Hint{},
-		},
-		{
-			name:      "reusable ID missing from the device map is ignored",
-			machine:   []int{0, 1},
-			devices:   deviceMap(numaDev("a", 0)),
-			available: []string{"a"},
-			reusable:  []string{"ghost"},
-			request:   1,
-			want:      []Hint{hint(true, 0)},
-		},
-		{
-			name:      "reusable device with nil topology is ignored",
-			machine:   []int{0, 1},
-			devices:   deviceMap(numaDev("a", 0), plainDev("r")),
-			available: []string{"a"},
-			reusable:  []string{"r"},
-			request:   1,
-			want:      []Hint{hint(true, 0)},
-		},
-		{
-			name:      "reusable device with an empty node list rejects every mask",
-			machine:   []int{0, 1},
-			devices:   deviceMap(numaDev("a", 0), numaDev("b", 1), numaDev("r")),
-			available: []string{"a", "b"},
-			reusable:  []string{"r"},
-			request:   1,
-			want:      []Hint{},
-		},
-		{
-			name:      "reusable device on a node unknown to the machine rejects every mask",
-			machine:   []int{0, 1},
-			devices:   deviceMap(numaDev("a", 0), numaDev("r", 5)),
-			available: []string{"a"},
-			reusable:  []string{"r"},
-			request:   1,
-			want:      []Hint{},
-		},
-		{
-			name:      "reusable device on node 99 rejects every mask",
-			machine:   []int{0, 1},
-			devices:   deviceMap(numaDev("a", 0), numaDev("r", 99)),
-			available: []string{"a"},
-			reusable:  []string{"r"},
-			request:   1,
-			want:      []Hint{},
-		},
-		{
-			name:      "reusable device pins masks to its node",
-			machine:   []int{0, 1, 2},
-			devices:   deviceMap(numaDev("a", 0), numaDev("b", 1), numaDev("c", 2), numaDev("r", 1)),
-			available: []string{"a", "b", "c"},
-			reusable:  []string{"r"},
-			request:   2,
-			want:      []Hint{hint(true, 1), hint(false, 0, 1), hint(false, 1, 2), hint(false, 0, 1, 2)},
-		},
-		{
-			name:      "a device both reusable and available counts once",
-			machine:   []int{0, 1},
-			devices:   deviceMap(numaDev("a", 0), numaDev("b", 1)),
-			available: []string{"a", "b"},
-			reusable:  []string{"a"},
-			request:   2,
-			want:      []Hint{hint(true, 0, 1)},
-		},
-		{
-			name:      "node ids outside 0..63 never match",
-			machine:   []int{0, 1},
-			devices:   deviceMap(numaDev("a", 0), numaDev("neg", -1), numaDev("big", 64), numaDev("huge", 1<<40)),
-			available: []string{"a", "neg", "big", "huge"},
-			request:   1,
-			want:      []Hint{hint(true, 0)},
-		},
-		{
-			name:      "only ids outside the machine: fall back to machine nodes, nothing fits",
-			machine:   []int{0, 1},
-			devices:   deviceMap(numaDev("a", 99), numaDev("b", -1), numaDev("c", 7)),
-			available: []string{"a", "b", "c"},
-			request:   1,
-			want:      []Hint{},
-		},
-		{
-			name:      "fallback keeps the machine's order",
-			machine:   []int{3, 1, 70},
-			devices:   deviceMap(numaDev("a", 99)),
-			available: []string{"a"},
-			request:   0,
-			want:      []Hint{hint(true, 3), hint(true, 1), hint(false, 1, 3)},
-		},
-		{
-			name:      "nil device and nil node entries",
-			machine:   []int{0, 1},
-			devices:   map[string]*pluginapi.Device{"nilDev": nil, "nilEntry": nilEntry, "onlyNil": onlyNilEntry},
-			available: []string{"nilDev", "nilEntry", "onlyNil"},
-			request:   1,
-			want:      []Hint{hint(true, 1)},
-		},
-		{
-			name:      "no machine nodes: no masks",
-			machine:   nil,
-			devices:   deviceMap(numaDev("a", 0)),
-			available: []string{"a"},
-			request:   1,
-			want:      []Hint{},
-		},
-		{
-			name:    "multi-node devices lower the preferred size only when they fit",
-			machine: []int{0, 1, 2, 3},
-			devices: deviceMap(numaDev("a", 0, 1), numaDev("b", 1, 2), numaDev("c", 3),
-				numaDev("d", 2, 3)),
-			available: []string{"a", "c"},
-			request:   2,
-			// {1} holds a and b, {2} holds b and d: the narrowest possible
-			// placement has one node, but only a and c are free.
-			want: []Hint{
-				hint(false, 0, 3), hint(false, 1, 3),
-				hint(false, 0, 1, 3), hint(false, 0, 2, 3), hint(false, 1, 2, 3),
-				hint(false, 0, 1, 2, 3),
-			},
-		},
-	}
-	for _, tc := range tests {
+// maskCase is a question put to Census.Hints as is, every device healthy.
+type maskCase struct {
+	name                      string
+	machine                   []int
+	devices                   map[string]*pluginapi.Device
+	allocated, reusable, held []string
+	request                   int
+	want                      []Hint
+}
+
+func runMaskCases(t *testing.T, cases []maskCase) {
+	t.Helper()
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got := GenerateHints(tc.machine, tc.devices, sets.New(tc.available...), setOrNil(tc.reusable), tc.request)
-			require.NotNil(t, got)
-			assert.Equal(t, tc.want, got)
+			checkHints(t, hintQuery{
+				machine:   tc.machine,
+				devices:   tc.devices,
+				healthy:   sets.KeySet(tc.devices),
+				allocated: sets.New(tc.allocated...),
+				reusable:  setOrNil(tc.reusable),
+				held:      setOrNil(tc.held),
+				request:   tc.request,
+			}, tc.want)
 		})
 	}
 }
@@ -402,6 +266,147 @@ func setOrNil(ids []string) sets.Set[string] {
 		return nil
 	}
 	return sets.New(ids...)
+}
+
+// TestHintsDeviceShapes covers devices the kubelet would panic on or that
+// stress the signature counting.
+func TestHintsDeviceShapes(t *testing.T) {
+	nilEntry := &pluginapi.Device{ID: "nilEntry", Topology: &pluginapi.TopologyInfo{
+		Nodes: []*pluginapi.NUMANode{nil, {ID: 1}},
+	}}
+	onlyNilEntry := &pluginapi.Device{ID: "onlyNil", Topology: &pluginapi.TopologyInfo{
+		Nodes: []*pluginapi.NUMANode{nil},
+	}}
+	runMaskCases(t, []maskCase{
+		{
+			name:    "a device on two nodes counts once per mask",
+			machine: []int{0, 1},
+			devices: deviceMap(numaDev("a", 0, 1), numaDev("b", 1)),
+			request: 2,
+			// {1} holds a and b; {0,1} holds them once each, not three.
+			want: []Hint{hint(true, 1), hint(false, 0, 1)},
+		},
+		{
+			name:    "a device on two nodes does not double the count",
+			machine: []int{0, 1, 2},
+			devices: deviceMap(numaDev("a", 0, 1), numaDev("c", 2)),
+			request: 2,
+			// {0,1} holds a alone.
+			want: []Hint{hint(true, 0, 2), hint(true, 1, 2), hint(false, 0, 1, 2)},
+		},
+		{
+			name:    "held ID the census does not know has no topology",
+			machine: []int{0, 1},
+			devices: deviceMap(numaDev("a", 0)),
+			held:    []string{"a", "ghost"},
+			request: 2,
+			want:    []Hint{},
+		},
+		{
+			name:     "reusable ID the census does not know is ignored",
+			machine:  []int{0, 1},
+			devices:  deviceMap(numaDev("a", 0)),
+			reusable: []string{"ghost"},
+			request:  1,
+			want:     []Hint{hint(true, 0)},
+		},
+		{
+			name:      "reusable device with nil topology is ignored",
+			machine:   []int{0, 1},
+			devices:   deviceMap(numaDev("a", 0), plainDev("r")),
+			allocated: []string{"r"},
+			reusable:  []string{"r"},
+			request:   1,
+			want:      []Hint{hint(true, 0)},
+		},
+		{
+			name:      "reusable device with an empty node list rejects every mask",
+			machine:   []int{0, 1},
+			devices:   deviceMap(numaDev("a", 0), numaDev("b", 1), numaDev("r")),
+			allocated: []string{"r"},
+			reusable:  []string{"r"},
+			request:   1,
+			want:      []Hint{},
+		},
+		{
+			name:      "reusable device on a node unknown to the machine rejects every mask",
+			machine:   []int{0, 1},
+			devices:   deviceMap(numaDev("a", 0), numaDev("r", 5)),
+			allocated: []string{"r"},
+			reusable:  []string{"r"},
+			request:   1,
+			want:      []Hint{},
+		},
+		{
+			name:      "reusable device on node 99 rejects every mask",
+			machine:   []int{0, 1},
+			devices:   deviceMap(numaDev("a", 0), numaDev("r", 99)),
+			allocated: []string{"r"},
+			reusable:  []string{"r"},
+			request:   1,
+			want:      []Hint{},
+		},
+		{
+			name:      "reusable device pins masks to its node",
+			machine:   []int{0, 1, 2},
+			devices:   deviceMap(numaDev("a", 0), numaDev("b", 1), numaDev("c", 2), numaDev("r", 1)),
+			allocated: []string{"r"},
+			reusable:  []string{"r"},
+			request:   2,
+			want:      []Hint{hint(true, 1), hint(false, 0, 1), hint(false, 1, 2), hint(false, 0, 1, 2)},
+		},
+		{
+			name:     "a device both reusable and available counts once",
+			machine:  []int{0, 1},
+			devices:  deviceMap(numaDev("a", 0), numaDev("b", 1)),
+			reusable: []string{"a"},
+			request:  2,
+			want:     []Hint{hint(true, 0, 1)},
+		},
+		{
+			name:    "node ids outside 0..63 never match",
+			machine: []int{0, 1},
+			devices: deviceMap(numaDev("a", 0), numaDev("neg", -1), numaDev("big", 64), numaDev("huge", 1<<40)),
+			request: 1,
+			want:    []Hint{hint(true, 0)},
+		},
+		{
+			name:    "only ids outside the machine: fall back to machine nodes, nothing fits",
+			machine: []int{0, 1},
+			devices: deviceMap(numaDev("a", 99), numaDev("b", -1), numaDev("c", 7)),
+			request: 1,
+			want:    []Hint{},
+		},
+		{
+			name:    "fallback keeps the machine's order",
+			machine: []int{3, 1, 70},
+			devices: deviceMap(numaDev("a", 99)),
+			request: 0,
+			want:    []Hint{hint(true, 3), hint(true, 1), hint(false, 1, 3)},
+		},
+		{
+			name:    "nil device and nil node entries",
+			machine: []int{0, 1},
+			devices: map[string]*pluginapi.Device{"nilDev": nil, "nilEntry": nilEntry, "onlyNil": onlyNilEntry},
+			request: 1,
+			want:    []Hint{hint(true, 1)},
+		},
+		{
+			name:    "multi-node devices lower the preferred size only when they fit",
+			machine: []int{0, 1, 2, 3},
+			devices: deviceMap(numaDev("a", 0, 1), numaDev("b", 1, 2), numaDev("c", 3),
+				numaDev("d", 2, 3)),
+			allocated: []string{"b", "d"},
+			request:   2,
+			// {1} holds a and b, {2} holds b and d: the narrowest possible
+			// placement has one node, but only a and c are free.
+			want: []Hint{
+				hint(false, 0, 3), hint(false, 1, 3),
+				hint(false, 0, 1, 3), hint(false, 0, 2, 3), hint(false, 1, 2, 3),
+				hint(false, 0, 1, 2, 3),
+			},
+		},
+	})
 }
 
 // TestDeviceNUMANodes: the nodes carrying devices, as candidates (the
@@ -446,7 +451,8 @@ func TestDeviceNUMANodes(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := deviceNUMANodes(tc.machine, tallyDevices(tc.devices, nil, nil).nodes)
+			c := CountDevices(maps.All(tc.devices), len(tc.devices), func(string) bool { return false })
+			got := deviceNUMANodes(tc.machine, c.t.nodes)
 			assert.Equal(t, tc.want, got)
 		})
 	}
@@ -455,63 +461,47 @@ func TestDeviceNUMANodes(t *testing.T) {
 // TestGenerateDeviceTopologyHintsFiltersNUMANodes: the cases of the kubelet's
 // test of the same name, a 34-node machine and reusable devices among them.
 func TestGenerateDeviceTopologyHintsFiltersNUMANodes(t *testing.T) {
-	tests := []struct {
-		name      string
-		machine   []int
-		devices   map[string]*pluginapi.Device
-		available []string
-		reusable  []string
-		request   int
-		want      []Hint
-	}{
+	runMaskCases(t, []maskCase{
 		{
-			name:      "34 machine nodes, GPUs on 0 and 1",
-			machine:   seqNodes(34),
-			devices:   deviceMap(numaDev("gpu0", 0), numaDev("gpu1", 1)),
-			available: []string{"gpu0", "gpu1"},
+			name:    "34 machine nodes, GPUs on 0 and 1",
+			machine: seqNodes(34),
+			devices: deviceMap(numaDev("gpu0", 0), numaDev("gpu1", 1)),
+			request: 1,
+			want:    []Hint{hint(true, 0), hint(true, 1), hint(false, 0, 1)},
+		},
+		{
+			name:    "34 machine nodes, GPUs on 20 and 33",
+			machine: seqNodes(34),
+			devices: deviceMap(numaDev("gpu0", 33), numaDev("gpu1", 20)),
+			request: 2,
+			want:    []Hint{hint(true, 20, 33)},
+		},
+		{
+			name:      "reusable only, on node 0 of 0..3",
+			machine:   []int{0, 1, 2, 3},
+			devices:   deviceMap(numaDev("a", 0)),
+			allocated: []string{"a"},
+			reusable:  []string{"a"},
 			request:   1,
-			want:      []Hint{hint(true, 0), hint(true, 1), hint(false, 0, 1)},
-		},
-		{
-			name:      "34 machine nodes, GPUs on 20 and 33",
-			machine:   seqNodes(34),
-			devices:   deviceMap(numaDev("gpu0", 33), numaDev("gpu1", 20)),
-			available: []string{"gpu0", "gpu1"},
-			request:   2,
-			want:      []Hint{hint(true, 20, 33)},
-		},
-		{
-			name:     "reusable only, on node 0 of 0..3",
-			machine:  []int{0, 1, 2, 3},
-			devices:  deviceMap(numaDev("a", 0)),
-			reusable: []string{"a"},
-			request:  1,
-			want:     []Hint{hint(true, 0)},
+			want:      []Hint{hint(true, 0)},
 		},
 		{
 			name:      "reusable on 0 plus available on 1",
 			machine:   []int{0, 1, 2, 3},
 			devices:   deviceMap(numaDev("a", 0), numaDev("b", 1)),
-			available: []string{"b"},
+			allocated: []string{"a"},
 			reusable:  []string{"a"},
 			request:   2,
 			want:      []Hint{hint(true, 0, 1)},
 		},
 		{
-			name:      "device-less nodes between device nodes are skipped",
-			machine:   seqNodes(8),
-			devices:   deviceMap(numaDev("a", 2), numaDev("b", 6)),
-			available: []string{"a", "b"},
-			request:   1,
-			want:      []Hint{hint(true, 2), hint(true, 6), hint(false, 2, 6)},
+			name:    "device-less nodes between device nodes are skipped",
+			machine: seqNodes(8),
+			devices: deviceMap(numaDev("a", 2), numaDev("b", 6)),
+			request: 1,
+			want:    []Hint{hint(true, 2), hint(true, 6), hint(false, 2, 6)},
 		},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			got := GenerateHints(tc.machine, tc.devices, sets.New(tc.available...), setOrNil(tc.reusable), tc.request)
-			assert.Equal(t, tc.want, got)
-		})
-	}
+	})
 }
 
 // TestGetPodTopologyHints: pod scope, the kubelet's cases: requests from
@@ -586,24 +576,23 @@ func TestGetPodTopologyHints(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := make(map[string][]Hint)
+			asked := sets.New[string]()
 			for res, n := range PodRequests(&v1.Pod{Spec: tc.pod}) {
 				if !sets.New(registered...).Has(res) {
 					continue
 				}
+				asked.Insert(res)
 				devs := deviceMap(fourDevices()...)
-				r := HintRequest{
-					MachineNodes: []int{0, 1},
-					Devices:      devs,
-					Available:    sets.KeySet(devs).Delete(tc.elsewhere[res]...).Delete(tc.held[res]...),
-					Request:      int(n),
-				}
-				if held := tc.held[res]; held != nil {
-					r.Held = sets.New(held...)
-				}
-				got[res] = ResourceHints(r)
+				checkHints(t, hintQuery{
+					machine:   []int{0, 1},
+					devices:   devs,
+					healthy:   sets.KeySet(devs),
+					allocated: sets.New(tc.elsewhere[res]...).Insert(tc.held[res]...),
+					held:      setOrNil(tc.held[res]),
+					request:   int(n),
+				}, tc.want[res])
 			}
-			assert.Equal(t, tc.want, got)
+			assert.Equal(t, sets.KeySet(tc.want), asked, "resources with hints")
 		})
 	}
 }

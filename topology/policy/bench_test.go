@@ -13,7 +13,7 @@ import (
 // benchHints returns the hints of provider k of four on a machine of n
 // nodes: every single node, preferred, and either every pair and the whole
 // machine (allMasks false) or every other subset (allMasks true, what
-// GenerateHints gives for one device when every node has devices), not
+// Census.Hints gives for one device when every node has devices), not
 // preferred. When conflicting, provider k prefers only the nodes i with
 // i%4 == k, so no permutation is preferred and the merge has to fold the
 // masks of every provider.
@@ -23,11 +23,13 @@ func benchHints(n, k int, allMasks, conflicting bool) []topology.Hint {
 		preferred := m.Count() == 1 && (!conflicting || m.GetBits()[0]%4 == k)
 		hints = append(hints, topology.Hint{NUMANodeAffinity: &m, Preferred: preferred})
 	}
-	nodes := seqNodes(n)
 	if allMasks {
-		topology.IterateBitMasks(nodes, add)
+		for _, m := range everyMask(n) {
+			add(m)
+		}
 		return hints
 	}
+	nodes := seqNodes(n)
 	for _, i := range nodes {
 		add(mask(i))
 	}

@@ -340,8 +340,7 @@ func TestFoldMasksModes(t *testing.T) {
 	// Every subset of ten nodes, twice: the second step is cheaper on the
 	// table, and every subset is reached.
 	nodes := seqNodes(10)
-	var all []topology.BitMask
-	topology.IterateBitMasks(nodes, func(m topology.BitMask) { all = append(all, m) })
+	all := everyMask(len(nodes))
 	machine := mask(nodes...)
 	assert.False(t, useDense(foldAuto, len(nodes), 1, len(all)))
 	assert.True(t, useDense(foldAuto, len(nodes), len(all), len(all)))

@@ -1,7 +1,9 @@
 package policy
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 
 	"github.com/openkubelet/devmgr/topology"
 )
@@ -28,4 +30,18 @@ func seqNodes(n int) []int {
 		out[i] = i
 	}
 	return out
+}
+
+// everyMask returns every non-empty subset of the nodes 0..n-1 in the order
+// topology.Census.Hints gives them: by size, and within a size by their
+// lists of nodes in lexicographic order.
+func everyMask(n int) []topology.BitMask {
+	masks := make([]topology.BitMask, 0, 1<<n-1)
+	for m := topology.BitMask(1); m < 1<<n; m++ {
+		masks = append(masks, m)
+	}
+	slices.SortFunc(masks, func(a, b topology.BitMask) int {
+		return cmp.Or(cmp.Compare(a.Count(), b.Count()), slices.Compare(a.GetBits(), b.GetBits()))
+	})
+	return masks
 }
