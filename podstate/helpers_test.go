@@ -85,7 +85,7 @@ func numaDev(id string, nodes ...int64) *pluginapi.Device {
 	return d
 }
 
-// tiersFor is a small stand-in for topology.FilterByAffinity:
+// tiersFor is a small stand-in for topology.Census.Tiers:
 // nodes of the hint first, then the others, then "no topology"; within a
 // group by ascending count of available devices (then node id); each device
 // goes to the first node in that order that holds it. A nil hint puts every
