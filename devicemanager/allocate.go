@@ -15,6 +15,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/openkubelet/devmgr/endpoint"
+	"github.com/openkubelet/devmgr/podinfo"
 	"github.com/openkubelet/devmgr/podstate"
 	"github.com/openkubelet/devmgr/topology"
 )
@@ -171,6 +172,7 @@ type allocated struct {
 func (m *ManagerImpl) allocateContainerResources(ctx context.Context, pod *v1.Pod, container *v1.Container) error {
 	podUID := string(pod.UID)
 	log := m.containerLogger(ctx, pod, container)
+	ctx = m.callContext(ctx, pod, container.Name)
 
 	var done []allocated
 	release := func() {
@@ -304,6 +306,18 @@ func (m *ManagerImpl) containerLogger(ctx context.Context, pod *v1.Pod, containe
 		log = m.log
 	}
 	return log.WithValues(keyPod, klog.KObj(pod), keyPodUID, string(pod.UID), keyContainer, container.Name)
+}
+
+// callContext returns ctx for the plugin calls made for a container: with
+// the pod and container named in the metadata when Options.SendPodInfo is
+// set.
+func (m *ManagerImpl) callContext(ctx context.Context, pod *v1.Pod, container string) context.Context {
+	if !m.opts.SendPodInfo {
+		return ctx
+	}
+	return podinfo.NewOutgoingContext(ctx, podinfo.Info{
+		Kind: podinfo.KindPod, Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID), Container: container,
+	})
 }
 
 // pluginResourceNames returns, sorted, the resources container asks for

@@ -124,6 +124,11 @@ type Options struct {
 	// container's devices on Events(), and keep for UndeliveredEvents()
 	// those it had not delivered at Stop; false: nothing is recorded.
 	Events bool
+	// SendPodInfo makes the manager name the pod and container of each
+	// Allocate, GetPreferredAllocation and PreStartContainer call in its
+	// gRPC metadata (package podinfo says how a plugin reads it). The
+	// kubelet sends no such metadata; false: neither does the manager.
+	SendPodInfo bool
 	// Registerer receives the manager's Prometheus metrics (the kubelet's
 	// kubelet_device_plugin_* and devmgr_*); nil: no metrics are registered.
 	Registerer prometheus.Registerer

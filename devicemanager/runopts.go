@@ -24,6 +24,7 @@ func (m *ManagerImpl) GetDeviceRunContainerOptions(ctx context.Context, pod *v1.
 		return nil, err
 	}
 	podUID := string(pod.UID)
+	ctx = m.callContext(ctx, pod, container.Name)
 	m.mu.Lock()
 	activePods := m.podSource.activePods
 	m.mu.Unlock()

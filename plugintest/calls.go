@@ -8,8 +8,11 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/openkubelet/devmgr/podinfo"
 )
 
 // Method names an RPC the Plugin serves: the five DevicePlugin methods and
@@ -38,7 +41,14 @@ type Call struct {
 	Time time.Time
 	// Deadline is the caller's deadline; zero when the call had none.
 	Deadline time.Time
+	// Metadata is a copy of the gRPC metadata the call carried.
+	Metadata metadata.MD
 }
+
+// PodInfo returns the pod and container the caller named in the call's
+// metadata (a device manager with Options.SendPodInfo does); ok is false
+// when it named none.
+func (c Call) PodInfo() (info podinfo.Info, ok bool) { return podinfo.FromMetadata(c.Metadata) }
 
 // fault is the failure injected into one method. Guarded by Plugin.mu.
 type fault struct {
@@ -162,8 +172,9 @@ func (p *Plugin) Block(m Method) (release func()) {
 // is blocked applies to that call.
 func (p *Plugin) enter(ctx context.Context, m Method, req proto.Message) error {
 	deadline, _ := ctx.Deadline()
+	md, _ := metadata.FromIncomingContext(ctx)
 	p.mu.Lock()
-	p.calls = append(p.calls, Call{Method: m, Request: proto.Clone(req), Time: time.Now(), Deadline: deadline})
+	p.calls = append(p.calls, Call{Method: m, Request: proto.Clone(req), Time: time.Now(), Deadline: deadline, Metadata: md.Copy()})
 	p.broadcastLocked()
 	blocks := slices.Clone(p.faultLocked(m).blocks)
 	p.mu.Unlock()

@@ -17,6 +17,7 @@ import (
 
 	"github.com/openkubelet/devmgr/devicemanager"
 	"github.com/openkubelet/devmgr/plugintest"
+	"github.com/openkubelet/devmgr/podinfo"
 )
 
 // A plugin author's test, run against devmgr instead of a kubelet: how does
@@ -77,4 +78,41 @@ func waitAllocatable(mgr *devicemanager.ManagerImpl, res v1.ResourceName) {
 		}
 		<-tick.C
 	}
+}
+
+// A plugin that needs to know which pod it allocates for (to label the
+// device with it, say) reads the pod from its call's context; a manager
+// with SendPodInfo names it there.
+func Example_podInfo() {
+	dir, _ := os.MkdirTemp("", "pt")
+	defer os.RemoveAll(dir)
+	mgr, _ := devicemanager.NewManagerImpl(devicemanager.Options{SocketDir: dir, SendPodInfo: true})
+	_ = mgr.Start(nil, nil, nil, nil)
+	defer mgr.Stop()
+
+	p, _ := plugintest.New(plugintest.Options{
+		ResourceName: "example.com/fpga",
+		SocketDir:    dir,
+		Devices:      []*pluginapi.Device{{ID: "fpga-0", Health: pluginapi.Healthy}},
+	})
+	defer p.Stop()
+	p.SetAllocateFunc(func(ctx context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+		if pod, ok := podinfo.FromIncomingContext(ctx); ok {
+			fmt.Printf("allocating for %s/%s (%s), container %s\n", pod.Namespace, pod.Name, pod.UID, pod.Container)
+		}
+		return p.DefaultAllocate(req), nil
+	})
+	_ = p.Start()
+	_ = p.Register(filepath.Join(dir, devicemanager.KubeletSocketName))
+	waitAllocatable(mgr, "example.com/fpga")
+
+	pod := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "job", Namespace: "default", UID: "uid-7"},
+		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "main", Resources: v1.ResourceRequirements{
+			Limits: v1.ResourceList{"example.com/fpga": resource.MustParse("1")},
+		}}}},
+	}
+	_ = mgr.Allocate(context.Background(), pod, &pod.Spec.Containers[0])
+	// Output:
+	// allocating for default/job (uid-7), container main
 }

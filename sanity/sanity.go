@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openkubelet/devmgr/podinfo"
 	"github.com/openkubelet/devmgr/topology"
 )
 
@@ -53,6 +54,11 @@ type Config struct {
 	// container (1 for a plugin of shared devices that refuses more).
 	// Default 2, the most any check asks for.
 	MaxDevicesPerContainer int
+	// PodInfo, when set, is sent in the metadata of every Allocate,
+	// GetPreferredAllocation and PreStartContainer call, as a device manager
+	// with Options.SendPodInfo names the pod of the call, for plugins that
+	// read it (package podinfo). Nil: no metadata, as the kubelet sends.
+	PodInfo *podinfo.Info
 }
 
 func (c Config) withDefaults() (Config, error) {

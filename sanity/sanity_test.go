@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -21,6 +22,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/openkubelet/devmgr/plugintest"
+	"github.com/openkubelet/devmgr/podinfo"
 	"github.com/openkubelet/devmgr/sanity"
 )
 
@@ -642,4 +644,32 @@ func TestPluginWithoutDevicesFailsTheDeviceChecks(t *testing.T) {
 		"allocate/envs", "allocate/cdi", "allocate/mounts", "allocate/unknown-device", "pre-start/answered",
 		"concurrency/allocate", "restart/re-register"}, failed)
 	assert.GreaterOrEqual(t, results(rep)["list-and-watch/first-list"].Duration, cfg.ListTimeout, "it waited for a device")
+}
+
+// With PodInfo, every call a device manager names a pod in carries it, so
+// that a plugin that reads it can be checked; without it, none does.
+func TestPodInfoReachesThePlugin(t *testing.T) {
+	info := podinfo.Info{Kind: podinfo.KindPod, Namespace: "ns", Name: "pod", UID: "uid", Container: "c"}
+	for _, send := range []bool{true, false} {
+		f := newFixture()
+		cfg := f.config(t)
+		cfg.Skip = regexp.MustCompile(`^restart/`)
+		if send {
+			cfg.PodInfo = &info
+		}
+		rep, err := sanity.Run(t.Context(), cfg)
+		require.NoError(t, err)
+		require.True(t, rep.Passed())
+		for _, m := range []plugintest.Method{plugintest.MethodAllocate, plugintest.MethodGetPreferredAllocation, plugintest.MethodPreStartContainer} {
+			calls := f.current().CallsOf(m)
+			require.NotEmpty(t, calls, "%s", m)
+			for _, c := range calls {
+				got, ok := c.PodInfo()
+				assert.Equal(t, send, ok, "PodInfo set: %v, %s", send, m)
+				if send {
+					assert.Equal(t, info, got, "%s", m)
+				}
+			}
+		}
+	}
 }

@@ -9,7 +9,10 @@ import (
 	"strings"
 	"sync"
 
+	"google.golang.org/grpc"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/openkubelet/devmgr/podinfo"
 )
 
 // suite is a plugin under check: the kubelet it registered with, its
@@ -128,7 +131,32 @@ func (s *suite) client(c *C) pluginapi.DevicePluginClient {
 	if s.reg.conn == nil {
 		c.fatalf("reachable endpoint", "the plugin could not be reached at its endpoint %q: %v", s.reg.req.GetEndpoint(), s.reg.err)
 	}
-	return pluginapi.NewDevicePluginClient(s.reg.conn)
+	client := pluginapi.NewDevicePluginClient(s.reg.conn)
+	if s.cfg.PodInfo == nil {
+		return client
+	}
+	return podInfoClient{client, *s.cfg.PodInfo}
+}
+
+// podInfoClient names Config.PodInfo in the metadata of the calls that a
+// device manager with Options.SendPodInfo names a pod in.
+type podInfoClient struct {
+	pluginapi.DevicePluginClient
+	info podinfo.Info
+}
+
+func (p podInfoClient) Allocate(ctx context.Context, in *pluginapi.AllocateRequest, opts ...grpc.CallOption) (*pluginapi.AllocateResponse, error) {
+	return p.DevicePluginClient.Allocate(podinfo.NewOutgoingContext(ctx, p.info), in, opts...)
+}
+
+func (p podInfoClient) GetPreferredAllocation(ctx context.Context, in *pluginapi.PreferredAllocationRequest,
+	opts ...grpc.CallOption) (*pluginapi.PreferredAllocationResponse, error) {
+	return p.DevicePluginClient.GetPreferredAllocation(podinfo.NewOutgoingContext(ctx, p.info), in, opts...)
+}
+
+func (p podInfoClient) PreStartContainer(ctx context.Context, in *pluginapi.PreStartContainerRequest,
+	opts ...grpc.CallOption) (*pluginapi.PreStartContainerResponse, error) {
+	return p.DevicePluginClient.PreStartContainer(podinfo.NewOutgoingContext(ctx, p.info), in, opts...)
 }
 
 // healthy returns the healthy device IDs of the latest list that has any

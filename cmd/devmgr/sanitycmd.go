@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/openkubelet/devmgr/podinfo"
 	"github.com/openkubelet/devmgr/sanity"
 )
 
@@ -31,6 +32,13 @@ type sanityOptions struct {
 	parallel          int
 	maxDevices        int
 	numaNodes         []int
+	podInfo           bool
+}
+
+// sanityPod is the pod that --pod-info names in the plugin calls.
+var sanityPod = podinfo.Info{
+	Kind: podinfo.KindPod, Namespace: "sanity", Name: "sanity-pod",
+	UID: "5a71e5a7-0000-4000-8000-000000000001", Container: "sanity",
 }
 
 func newSanityCmd() *cobra.Command {
@@ -87,6 +95,7 @@ regular expression); 4 no plugin (or none for --resource) registered within
 	f.DurationVar(&o.preStartTimeout, "prestart-timeout", 30*time.Second, "how long PreStartContainer may take (the kubelet's 30s)")
 	f.IntVar(&o.parallel, "parallel", 8, "how many Allocate calls the concurrency check makes at once")
 	f.IntVar(&o.maxDevices, "max-devices-per-container", 2, "the most devices the plugin gives one container: 1 for a plugin of shared devices that refuses more")
+	f.BoolVar(&o.podInfo, "pod-info", false, "name a pod (sanity/sanity-pod, container sanity) in the metadata of every Allocate, GetPreferredAllocation and PreStartContainer call, as devmgr serve --send-pod-info does, for plugins that read it")
 	f.IntSliceVar(&o.numaNodes, "numa-nodes", nil, "the NUMA node ids a device's topology may name, such as 0,1 for a plugin that reports the nodes of the machine it will run on (default: this machine's)")
 	if err := cmd.MarkFlagRequired("socket-dir"); err != nil {
 		panic(err) // a flag defined above
@@ -183,6 +192,9 @@ func (o *sanityOptions) config() (sanity.Config, error) {
 	cfg.RegisterTimeout, cfg.ReregisterTimeout = o.registerTimeout, o.reregisterTimeout
 	cfg.ListTimeout, cfg.CallTimeout, cfg.PreStartTimeout = o.listTimeout, o.callTimeout, o.preStartTimeout
 	cfg.Parallel, cfg.MaxDevicesPerContainer, cfg.NUMANodes = o.parallel, o.maxDevices, o.numaNodes
+	if o.podInfo {
+		cfg.PodInfo = &sanityPod
+	}
 	return cfg, nil
 }
 

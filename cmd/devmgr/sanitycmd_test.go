@@ -296,6 +296,13 @@ func TestSanityFlagsReachTheConfig(t *testing.T) {
 	assert.Equal(t, 3, cfg.Parallel)
 	assert.Equal(t, 1, cfg.MaxDevicesPerContainer)
 	assert.Equal(t, []int{0, 2}, cfg.NUMANodes)
+	assert.Nil(t, cfg.PodInfo, "no pod in the calls unless asked")
+
+	o.podInfo = true
+	cfg, err = o.config()
+	require.NoError(t, err)
+	require.NotNil(t, cfg.PodInfo)
+	assert.Equal(t, "sanity-pod", cfg.PodInfo.Name)
 }
 
 // A plugin that reports the NUMA nodes of the machine it will run on is

@@ -34,6 +34,7 @@ type serveOptions struct {
 	requirePlugin   []string
 	stopGracePeriod time.Duration
 	pluginWait      time.Duration
+	sendPodInfo     bool
 	extraOptions
 	nodeOptions
 }
@@ -102,6 +103,7 @@ user running serve can use the control socket (mode 0600).`,
 	f.StringSliceVar(&o.requirePlugin, "require-plugin", nil, "resource names, or domain/*, that only a device plugin serves: admission fails while no plugin registered them (default: such resources are ignored, as by the kubelet)")
 	f.DurationVar(&o.stopGracePeriod, "stop-grace-period", devicemanager.DefaultStopGracePeriod, "how long a resource stays known after its plugin is gone")
 	f.DurationVar(&o.pluginWait, "plugin-wait", 0, "how long an admission waits for a resource's plugin that is known but not ready (after a restart, until it registers again and lists its devices) before it is refused with 503 PluginNotReady; keep it below the clients' --timeout (default: refuse at once)")
+	f.BoolVar(&o.sendPodInfo, "send-pod-info", false, "name the pod and container of each Allocate, GetPreferredAllocation and PreStartContainer call in its gRPC metadata (keys devmgr-namespace, devmgr-name, devmgr-uid, devmgr-container; the kubelet sends none)")
 	o.extraOptions.addFlags(f)
 	o.nodeOptions.addFlags(f)
 	if err := cmd.MarkFlagRequired("socket-dir"); err != nil {
@@ -119,6 +121,7 @@ type serveConfig struct {
 	requirePlugin   []string
 	stopGracePeriod time.Duration
 	pluginWait      time.Duration
+	sendPodInfo     bool
 	extraConfig
 	nodeConfig
 }
@@ -168,6 +171,7 @@ func (o *serveOptions) config(sysRoot string) (serveConfig, error) {
 	}
 	cfg.pluginWait = o.pluginWait
 	cfg.requirePlugin = o.requirePlugin
+	cfg.sendPodInfo = o.sendPodInfo
 	if cfg.extraConfig, err = o.extraOptions.config(cfg); err != nil {
 		return cfg, err
 	}

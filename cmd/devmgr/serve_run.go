@@ -79,6 +79,7 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 		RequirePlugin:      cfg.requirePlugin,
 		StopGracePeriod:    cfg.stopGracePeriod,
 		PluginWaitTimeout:  cfg.pluginWait,
+		SendPodInfo:        cfg.sendPodInfo,
 		Logger:             logger,
 		Registerer:         cfg.registerer(),
 		AffinityStore:      cfg.affinityStore(),

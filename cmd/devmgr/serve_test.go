@@ -18,6 +18,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/openkubelet/devmgr/plugintest"
+	"github.com/openkubelet/devmgr/podinfo"
 )
 
 const (
@@ -416,4 +417,31 @@ func TestServeTakesTheControlSocketFromTheEnvironment(t *testing.T) {
 	<-exited
 	assert.Equal(t, 0, cmd.ProcessState.ExitCode(), log.String())
 	assert.False(t, exists(ctl), "serve removes the control socket it took from the environment")
+}
+
+// --send-pod-info names the pod and container of each Allocate call in its
+// metadata; without it no call does, as with the kubelet.
+func TestServeSendPodInfo(t *testing.T) {
+	for _, send := range []bool{true, false} {
+		dir := shortTempDir(t)
+		ctl := filepath.Join(dir, "ctl.sock")
+		args := []string{"--socket-dir", dir, "--numa-nodes", "0"}
+		if send {
+			args = append(args, "--send-pod-info")
+		}
+		srv, p, _, _ := admitTraining(t, dir, ctl, args...)
+		var got []podinfo.Info
+		for _, c := range p.CallsOf(plugintest.MethodAllocate) {
+			info, ok := c.PodInfo()
+			assert.Equal(t, send, ok, "--send-pod-info %v", send)
+			got = append(got, info)
+		}
+		if send {
+			pod := podinfo.Info{Kind: podinfo.KindPod, Namespace: "ml", Name: "training", UID: "training-1"}
+			prepare, train := pod, pod
+			prepare.Container, train.Container = "prepare", "train"
+			assert.Equal(t, []podinfo.Info{prepare, train}, got)
+		}
+		require.Equal(t, 0, srv.stop(syscall.SIGINT))
+	}
 }
