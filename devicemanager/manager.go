@@ -15,8 +15,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	regapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/openkubelet/devmgr/checkpoint"
+	"github.com/openkubelet/devmgr/pluginwatcher"
 	"github.com/openkubelet/devmgr/podstate"
 )
 
@@ -65,8 +67,6 @@ type ManagerImpl struct {
 	readyChanged, settled broadcast
 	// serving is what Start set up, until Stop.
 	serving serving
-	// registry maps each registry socket to the plugin it registered.
-	registry map[string]registryEntry
 	// connectingLocal holds the resources a RegisterLocal call is
 	// connecting, so that a concurrent call for one of them is refused.
 	connectingLocal sets.Set[string]
@@ -95,6 +95,8 @@ type serving struct {
 	// locks hold the flocks on SocketDir and CheckpointDir.
 	sock  fs.FileInfo
 	locks dirLocks
+	// watcher watches Options.PluginsRegistryDir; nil when it is not set.
+	watcher *pluginwatcher.Watcher
 }
 
 // broadcast wakes every waiter at once. Use it under the lock that guards
@@ -284,9 +286,23 @@ func (m *ManagerImpl) Start(activePods ActivePodsFunc, sourcesReady SourcesReady
 		}
 	}()
 	if m.opts.PluginsRegistryDir != "" {
-		if err := m.watchRegistry(); err != nil {
+		w, err := pluginwatcher.Start(pluginwatcher.Options{
+			Dir:         m.opts.PluginsRegistryDir,
+			Handlers:    map[string]pluginwatcher.Handler{regapi.DevicePlugin: m.GetWatcherHandler()},
+			CallTimeout: m.opts.DialTimeout,
+			Logger:      m.log,
+		})
+		if err != nil {
 			_ = m.Stop()
 			return err
+		}
+		m.mu.Lock()
+		stopping := m.state != started
+		m.serving.watcher = w
+		m.mu.Unlock()
+		if stopping { // Stop ran meanwhile, without the watcher
+			w.Stop()
+			return ErrStopped
 		}
 	}
 	m.log.V(2).Info("Device manager started", keySocket, m.kubeletSocket())
@@ -324,16 +340,20 @@ func (m *ManagerImpl) Stop() error {
 	m.stopOnce.Do(func() {
 		m.mu.Lock()
 		m.state = stopped
-		server, sock, locks := m.serving.server, m.serving.sock, m.serving.locks
+		srv := m.serving
 		eps := m.core.endpoints()
 		m.mu.Unlock()
 
 		m.cancel()
-		if server != nil {
+		if srv.watcher != nil {
+			// No registration through the registry starts after this.
+			srv.watcher.Stop()
+		}
+		if srv.server != nil {
 			// Removed while the listener still holds the file, so that its
 			// inode cannot have been reused by another's socket.
-			m.removeKubeletSocket(sock)
-			server.Stop()
+			m.removeKubeletSocket(srv.sock)
+			srv.server.Stop()
 		}
 		for _, ep := range eps {
 			ep.Stop()
@@ -343,7 +363,7 @@ func (m *ManagerImpl) Stop() error {
 		if m.events != nil {
 			m.events.close()
 		}
-		locks.release()
+		srv.locks.release()
 		m.log.V(2).Info("Device manager stopped")
 	})
 	return nil
