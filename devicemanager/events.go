@@ -73,7 +73,7 @@ func (m *ManagerImpl) Events() <-chan Event {
 	if m.events == nil {
 		return nil
 	}
-	return m.events.out
+	return m.events.Out()
 }
 
 // UndeliveredEvents returns, in order, the events that Events() had not
@@ -85,7 +85,7 @@ func (m *ManagerImpl) UndeliveredEvents() []Event {
 	if m.events == nil {
 		return nil
 	}
-	return m.events.undelivered()
+	return m.events.Undelivered()
 }
 
 // releasedEvents reports what the given pods hold as released; none when

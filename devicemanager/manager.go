@@ -18,6 +18,7 @@ import (
 	regapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/openkubelet/devmgr/checkpoint"
+	"github.com/openkubelet/devmgr/internal/queue"
 	"github.com/openkubelet/devmgr/pluginwatcher"
 	"github.com/openkubelet/devmgr/podstate"
 )
@@ -39,9 +40,9 @@ type ManagerImpl struct {
 	opts    Options
 	log     klog.Logger
 	metrics *metrics
-	updates *queue[ResourceUpdate]
+	updates *queue.Queue[ResourceUpdate]
 	// events is nil unless Options.Events is set.
-	events *queue[Event]
+	events *queue.Queue[Event]
 	// writer writes the checkpoint; its lock is taken before mu, never
 	// while mu is held.
 	writer checkpointWriter
@@ -123,10 +124,10 @@ func (b *broadcast) notify() {
 // change is visible to others, and the wake-ups. Expects m.mu held.
 func (m *ManagerImpl) signal(eff effects) {
 	if len(eff.notify) > 0 {
-		m.updates.push(ResourceUpdate{PodUIDs: eff.notify})
+		m.updates.Push(ResourceUpdate{PodUIDs: eff.notify})
 	}
 	if m.events != nil {
-		m.events.push(eff.events...)
+		m.events.Push(eff.events...)
 	}
 	if eff.ready {
 		m.readyChanged.notify()
@@ -180,7 +181,7 @@ func NewManagerImpl(opts Options) (*ManagerImpl, error) {
 		connectingLocal: sets.New[string](),
 	}
 	if opts.Events {
-		m.events = newQueue[Event](0, nil)
+		m.events = queue.New[Event](0, nil)
 	}
 	if m.metrics, err = newMetrics(m, opts.Registerer); err != nil {
 		cancel()
@@ -359,9 +360,9 @@ func (m *ManagerImpl) Stop() error {
 			ep.Stop()
 		}
 		m.wg.Wait()
-		m.updates.close()
+		m.updates.Close()
 		if m.events != nil {
-			m.events.close()
+			m.events.Close()
 		}
 		srv.locks.release()
 		m.log.V(2).Info("Device manager stopped")
@@ -387,4 +388,4 @@ func (m *ManagerImpl) HealthCheck() error {
 // Updates returns the channel on which the manager names pods whose allocated
 // devices changed health. No pod UID is ever dropped: while the reader is slow,
 // pending UIDs are merged into the next update. The channel is closed by Stop.
-func (m *ManagerImpl) Updates() <-chan ResourceUpdate { return m.updates.out }
+func (m *ManagerImpl) Updates() <-chan ResourceUpdate { return m.updates.Out() }

@@ -1,13 +1,15 @@
 package devicemanager
 
+import "github.com/openkubelet/devmgr/internal/queue"
+
 // updatesBuffer is the capacity of the Updates channel, as in the kubelet.
 const updatesBuffer = 100
 
 // newUpdateQueue returns the queue of the Updates channel: pod UIDs pushed
 // while an update waits join it, each UID once, so that no UID is dropped
 // however slow the reader.
-func newUpdateQueue() *queue[ResourceUpdate] {
-	return newQueue(updatesBuffer, mergeUpdates)
+func newUpdateQueue() *queue.Queue[ResourceUpdate] {
+	return queue.New(updatesBuffer, mergeUpdates)
 }
 
 // mergeUpdates folds the pushed updates into one waiting update, each pod

@@ -1,21 +1,25 @@
-package devicemanager
+// Package queue is an unbounded queue in front of a channel, for a producer
+// that must never block on its reader (the device manager's Updates and
+// Events).
+package queue
 
 import (
 	"slices"
 	"sync"
 )
 
-// queue hands values to a channel, in order, without ever blocking the
+// Queue hands values to a channel, in order, without ever blocking the
 // producer or dropping a value: pushed values wait in a slice without
 // bound, and a goroutine, running only while some wait, feeds the channel.
 // With merge set, values pushed while others still wait are folded into
 // them (merge gets the waiting values and the pushed ones and returns what
-// waits now). close ends the goroutine, keeps what it had not handed over
-// (undelivered) and closes the channel.
-type queue[T any] struct {
+// waits now). Close ends the goroutine, keeps what it had not handed over
+// (Undelivered) and closes the channel. Its methods are safe for concurrent
+// use.
+type Queue[T any] struct {
 	out   chan T
 	merge func(waiting, pushed []T) []T
-	stop  chan struct{} // closed by close
+	stop  chan struct{} // closed by Close
 	wg    sync.WaitGroup
 
 	// mu guards everything below.
@@ -24,19 +28,22 @@ type queue[T any] struct {
 	// sending is set while a goroutine feeds out.
 	sending bool
 	closed  bool
-	// drained is set once close has ended the goroutine: pending then
+	// drained is set once Close has ended the goroutine: pending then
 	// holds the values out never delivered.
 	drained bool
 }
 
-// newQueue returns a queue whose channel has the given buffer.
-func newQueue[T any](buffer int, merge func(waiting, pushed []T) []T) *queue[T] {
-	return &queue[T]{out: make(chan T, buffer), merge: merge, stop: make(chan struct{})}
+// New returns a queue whose channel has the given buffer; merge may be nil.
+func New[T any](buffer int, merge func(waiting, pushed []T) []T) *Queue[T] {
+	return &Queue[T]{out: make(chan T, buffer), merge: merge, stop: make(chan struct{})}
 }
 
-// push queues vs; it never blocks on the reader. After close it does
+// Out is the channel the values come out of; Close closes it.
+func (q *Queue[T]) Out() <-chan T { return q.out }
+
+// Push queues vs; it never blocks on the reader. After Close it does
 // nothing.
-func (q *queue[T]) push(vs ...T) {
+func (q *Queue[T]) Push(vs ...T) {
 	if len(vs) == 0 {
 		return
 	}
@@ -59,7 +66,7 @@ func (q *queue[T]) push(vs ...T) {
 
 // send hands the waiting values to out, oldest first, until none is left or
 // the queue is closed; then it puts back what it took and did not hand over.
-func (q *queue[T]) send() {
+func (q *Queue[T]) send() {
 	defer q.wg.Done()
 	for {
 		q.mu.Lock()
@@ -84,9 +91,9 @@ func (q *queue[T]) send() {
 	}
 }
 
-// close refuses further values, ends the goroutine that feeds out (values
+// Close refuses further values, ends the goroutine that feeds out (values
 // not yet received stay waiting) and closes out. Idempotent.
-func (q *queue[T]) close() {
+func (q *Queue[T]) Close() {
 	q.mu.Lock()
 	if q.closed {
 		q.mu.Unlock()
@@ -102,9 +109,9 @@ func (q *queue[T]) close() {
 	q.mu.Unlock()
 }
 
-// undelivered returns a copy of the values out never delivered once close
+// Undelivered returns a copy of the values out never delivered once Close
 // has ended the goroutine, else nil.
-func (q *queue[T]) undelivered() []T {
+func (q *Queue[T]) Undelivered() []T {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if !q.drained {
