@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/openkubelet/devmgr/devicemanager"
+	"github.com/openkubelet/devmgr/dra"
 	"github.com/openkubelet/devmgr/nodestatus"
 )
 
@@ -23,12 +24,16 @@ type nodeOptions struct {
 	kubeconfig   string
 	nodeName     string
 	registerNode bool
+	dra          bool
+	draDriver    string
 }
 
 func (o *nodeOptions) addFlags(f *pflag.FlagSet) {
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "publish the device resources (capacity and allocatable) in the status of the Node --node-name of the cluster this kubeconfig file reaches, by server-side apply as field manager \""+nodestatus.DefaultFieldManager+"\" (default: not published)")
 	f.StringVar(&o.nodeName, "node-name", "", "the Node whose status carries the device resources; required with --kubeconfig")
 	f.BoolVar(&o.registerNode, "register-node", false, "create the Node --node-name when it does not exist (default: wait for it)")
+	f.BoolVar(&o.dra, "dra", false, "also publish the plugins' healthy, unallocated devices as ResourceSlices of the DRA driver --dra-driver, one pool per resource (named NODE/RESOURCE), so that the scheduler can allocate ResourceClaims from them; needs --kubeconfig")
+	f.StringVar(&o.draDriver, "dra-driver", dra.DefaultDriverName, "the DRA driver name of --dra's ResourceSlices")
 }
 
 // nodeConfig is nodeOptions checked; client is nil when nothing is
@@ -37,6 +42,9 @@ type nodeConfig struct {
 	client       kubernetes.Interface
 	nodeName     string
 	registerNode bool
+	// draDriver is the DRA driver name of the ResourceSlices; "" when
+	// none are published.
+	draDriver string
 }
 
 // nodeRequestTimeout bounds each request to the API server.
@@ -49,6 +57,8 @@ func (o *nodeOptions) config() (nodeConfig, error) {
 			return nodeConfig{}, errors.New("--node-name needs --kubeconfig")
 		case o.registerNode:
 			return nodeConfig{}, errors.New("--register-node needs --kubeconfig")
+		case o.dra:
+			return nodeConfig{}, errors.New("--dra needs --kubeconfig")
 		}
 		return nodeConfig{}, nil
 	}
@@ -71,7 +81,33 @@ func (o *nodeOptions) config() (nodeConfig, error) {
 	if err != nil {
 		return nodeConfig{}, fmt.Errorf("--kubeconfig %s: %w", o.kubeconfig, err)
 	}
-	return nodeConfig{client: client, nodeName: o.nodeName, registerNode: o.registerNode}, nil
+	cfg := nodeConfig{client: client, nodeName: o.nodeName, registerNode: o.registerNode}
+	if o.dra {
+		if errs := validation.IsDNS1123Subdomain(o.draDriver); len(errs) > 0 {
+			return nodeConfig{}, fmt.Errorf("--dra-driver %q is not a valid driver name: %s", o.draDriver, strings.Join(errs, "; "))
+		}
+		cfg.draDriver = o.draDriver
+	}
+	return cfg, nil
+}
+
+// newSlicePublisher returns the publisher of the ResourceSlices, nil when
+// none is configured.
+func newSlicePublisher(cfg serveConfig, mgr *devicemanager.ManagerImpl, logger klog.Logger) (*dra.SlicePublisher, error) {
+	if cfg.draDriver == "" {
+		return nil, nil
+	}
+	p, err := dra.NewSlicePublisher(dra.SlicePublisherOptions{
+		Manager:    mgr,
+		Client:     cfg.client,
+		NodeName:   cfg.nodeName,
+		DriverName: cfg.draDriver,
+		Logger:     logger.WithName("dra"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dra: %w", err)
+	}
+	return p, nil
 }
 
 // newPublisher returns the publisher of the node's device resources, nil

@@ -30,6 +30,8 @@ func TestServeNodeFlagErrors(t *testing.T) {
 	}{
 		{[]string{"--node-name", "n1"}, "--node-name needs --kubeconfig"},
 		{[]string{"--register-node"}, "--register-node needs --kubeconfig"},
+		{[]string{"--dra"}, "--dra needs --kubeconfig"},
+		{[]string{"--kubeconfig", kubeconfig, "--node-name", "n1", "--dra", "--dra-driver", "Not_A_Domain"}, `--dra-driver "Not_A_Domain" is not a valid driver name`},
 		{[]string{"--kubeconfig", kubeconfig}, "--kubeconfig needs --node-name"},
 		{[]string{"--kubeconfig", kubeconfig, "--node-name", "Bad_Name"}, `--node-name "Bad_Name" is not a valid node name`},
 		{[]string{"--kubeconfig", filepath.Join(dir, "missing"), "--node-name", "n1"}, "--kubeconfig: stat"},

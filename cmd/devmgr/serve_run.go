@@ -93,6 +93,11 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 		mgr.Stop()
 		return nil, err
 	}
+	slicePub, err := newSlicePublisher(cfg, mgr, logger)
+	if err != nil {
+		mgr.Stop()
+		return nil, err
+	}
 	adm := podadmit.New(mgr)
 	switch {
 	case cfg.store != nil && cfg.podScope:
@@ -184,6 +189,15 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 			_ = pub.Run(base) // returns when shutdown cancels base
 		}()
 		logger.Info("Publishing device resources in the node status", "node", cfg.nodeName, "registerNode", cfg.registerNode)
+	}
+	if slicePub != nil {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			if err := slicePub.Run(base); err != nil && !errors.Is(err, context.Canceled) {
+				logger.Error(err, "Not publishing ResourceSlices")
+			}
+		}()
 	}
 	logger.Info("Serving", "socketPath", filepath.Join(cfg.socketDir, devicemanager.KubeletSocketName), "controlSocket", cfg.controlSocket,
 		"checkpointDir", cfg.checkpointDir, "numaNodes", cfg.numaNodes, "topologyPolicy", cfg.policy.Name(), "topologyPodScope", cfg.podScope)
