@@ -24,7 +24,7 @@ type DeviceSet interface {
 // CheckRequest runs the pre-checks in the kubelet's order and returns how many
 // devices remain to pick (0: no selection and no plugin call), or the first
 // failure:
-//  1. a record whose size differs from Required: *requestChangedError;
+//  1. a record whose size differs from Required: ErrRequestChanged;
 //  2. AlreadyRunning: 0, nil;
 //  3. not Registered: *ResourceError with ErrUnregisteredResource;
 //  4. no healthy device: *ResourceError with ErrNoHealthyDevices;
@@ -35,10 +35,8 @@ func CheckRequest(c RequestCheck) (needed int, err error) {
 	needed = c.Required
 	if c.Held != nil {
 		if held := c.Held.Len(); held != c.Required {
-			return 0, &requestChangedError{
-				PodUID: c.PodUID, ContainerName: c.ContainerName, Resource: c.Resource,
-				From: held, To: c.Required,
-			}
+			return 0, admissionErrorf(ErrRequestChanged, "pod %q container %q changed request for resource %q from %d to %d",
+				c.PodUID, c.ContainerName, c.Resource, held, c.Required)
 		}
 		needed = 0
 	}

@@ -85,7 +85,7 @@ func TestCheckRequestErrorTypes(t *testing.T) {
 	assert.NotErrorIs(t, err, ErrNoHealthyDevices)
 
 	_, err = CheckRequest(RequestCheck{PodUID: "p", ContainerName: "c", Resource: res1, Required: 2, Held: sets.New("x")})
-	var rc *requestChangedError
-	require.ErrorAs(t, err, &rc)
-	assert.Equal(t, requestChangedError{PodUID: "p", ContainerName: "c", Resource: res1, From: 1, To: 2}, *rc)
+	require.ErrorIs(t, err, ErrRequestChanged)
+	assert.NotErrorAs(t, err, &re)
+	assert.EqualError(t, err, `pod "p" container "c" changed request for resource "`+res1+`" from 1 to 2`)
 }

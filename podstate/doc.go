@@ -23,8 +23,8 @@
 // The decisions are functions of their input: [CheckRequest] runs the
 // admission pre-checks, [PreferredQueryFor] and [Select] pick devices (reuse
 // pool, NUMA-aligned tier, the plugin's preference, the other tiers) without
-// touching any state, and return the kubelet's error texts as typed errors
-// that match this package's sentinels with errors.Is.
+// touching any state, and return errors with the kubelet's texts that match
+// this package's sentinels with errors.Is.
 //
 // # Concurrency
 //

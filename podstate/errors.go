@@ -6,8 +6,8 @@ import (
 )
 
 // Sentinel errors of admission. Every error CheckRequest and Select return
-// matches exactly one of them with errors.Is; the typed errors below carry the
-// details and print the kubelet's message text, which operators grep for.
+// matches exactly one of them with errors.Is and prints the kubelet's message
+// text, which operators grep for.
 var (
 	// ErrUnregisteredResource: no plugin ever reported devices for the
 	// resource. Carried by *ResourceError.
@@ -19,13 +19,13 @@ var (
 	// longer healthy. Carried by *ResourceError.
 	ErrAllocatedDeviceUnhealthy = errors.New("previously allocated devices are no longer healthy; cannot allocate unhealthy devices")
 	// ErrInsufficientDevices: fewer devices are free than the container still
-	// needs. Carried by *insufficientDevicesError.
+	// needs.
 	ErrInsufficientDevices = errors.New("requested number of devices unavailable")
 	// ErrRequestChanged: the container holds a different number of devices
-	// than it now requests. Carried by *requestChangedError.
+	// than it now requests.
 	ErrRequestChanged = errors.New("container changed its device request")
 	// ErrAllocationShortfall: the selection tiers did not cover the devices
-	// reported available. Carried by *shortfallError.
+	// reported available.
 	ErrAllocationShortfall = errors.New("unexpectedly allocated less resources than required")
 )
 
@@ -61,52 +61,16 @@ func (e *ResourceError) Error() string { return e.Err.Error() + " " + e.Resource
 // Unwrap returns the sentinel.
 func (e *ResourceError) Unwrap() error { return e.Err }
 
-// requestChangedError reports a container whose recorded device count differs
-// from its current request.
-type requestChangedError struct {
-	PodUID, ContainerName, Resource string
-	From, To                        int // recorded count, requested count
+// admissionError carries the kubelet's text for an admission failure and
+// matches its sentinel with errors.Is.
+type admissionError struct {
+	sentinel error
+	text     string
 }
 
-// Error returns the kubelet's text.
-func (e *requestChangedError) Error() string {
-	return fmt.Sprintf("pod %q container %q changed request for resource %q from %d to %d",
-		e.PodUID, e.ContainerName, e.Resource, e.From, e.To)
+func admissionErrorf(sentinel error, format string, args ...any) error {
+	return &admissionError{sentinel: sentinel, text: fmt.Sprintf(format, args...)}
 }
 
-// Is reports whether target is ErrRequestChanged.
-func (e *requestChangedError) Is(target error) bool { return target == ErrRequestChanged }
-
-// insufficientDevicesError reports that fewer devices are available than
-// still needed. Requested is what remained to pick after the reuse pool.
-type insufficientDevicesError struct {
-	Resource             string
-	Requested, Available int
-}
-
-// Error returns the kubelet's text.
-func (e *insufficientDevicesError) Error() string {
-	return fmt.Sprintf("requested number of devices unavailable for %s. Requested: %d, Available: %d",
-		e.Resource, e.Requested, e.Available)
-}
-
-// Is reports whether target is ErrInsufficientDevices.
-func (e *insufficientDevicesError) Is(target error) bool { return target == ErrInsufficientDevices }
-
-// shortfallError reports that the selection ran out of candidates although
-// enough devices were reported available (the tiers did not cover them).
-// Requested is the full request, Got what had been picked. Resource is not
-// part of the kubelet's text and is given for context only.
-type shortfallError struct {
-	Resource       string
-	Requested, Got int
-}
-
-// Error returns the kubelet's text.
-func (e *shortfallError) Error() string {
-	return fmt.Sprintf("unexpectedly allocated less resources than required. Requested: %d, Got: %d",
-		e.Requested, e.Got)
-}
-
-// Is reports whether target is ErrAllocationShortfall.
-func (e *shortfallError) Is(target error) bool { return target == ErrAllocationShortfall }
+func (e *admissionError) Error() string        { return e.text }
+func (e *admissionError) Is(target error) bool { return target == e.sentinel }

@@ -21,9 +21,9 @@ type SelectInput struct {
 	// Available: healthy devices that no record or reservation holds. The
 	// selection asks it Len, and Has for the devices of the tiers it walks,
 	// so a caller with tens of thousands of devices need not build the set
-	// for each admission. The plugin's
-	// query lists every available device: from the set itself when it is a
-	// sets.Set, else from the tiers, which must then cover it.
+	// for each admission. The plugin's query lists every available device:
+	// from the set itself when it is a sets.Set, else from the tiers, which
+	// must then cover it.
 	Available DeviceSet
 	// Tiers cover Available, each tier in preference order; IDs outside
 	// Available are ignored, so that without an affinity NoTopology can be
@@ -116,9 +116,8 @@ func start(in SelectInput) (s *selection, done bool, err error) {
 		s.free = without(s.free, s.has)
 	}
 	if s.free.Len() < s.needed {
-		return nil, false, &insufficientDevicesError{
-			Resource: in.Resource, Requested: s.needed, Available: s.free.Len(),
-		}
+		return nil, false, admissionErrorf(ErrInsufficientDevices,
+			"requested number of devices unavailable for %s. Requested: %d, Available: %d", in.Resource, s.needed, s.free.Len())
 	}
 	// The free aligned devices only until they outnumber the need: then
 	// the plugin chooses among them, or the first are taken, and a tier of
@@ -245,12 +244,12 @@ func PreferredQueryFor(in SelectInput) (PreferredQuery, bool) {
 // plugin's answer to PreferredQueryFor(in) (nil if the plugin was not asked);
 // IDs in it that are not candidates are ignored.
 //
-// The rules: take from Reusable; fail with *insufficientDevicesError when
+// The rules: take from Reusable; fail with ErrInsufficientDevices when
 // fewer than the remaining need are available; if the need is strictly below
 // the number of aligned devices, take preferred aligned devices, then other
 // aligned ones; otherwise take every aligned device, then preferred available
 // ones, then Unaligned, then NoTopology. Running out of candidates fails with
-// *shortfallError. Select is pure: on error nothing has been picked anywhere.
+// ErrAllocationShortfall. Select is pure: on error nothing has been picked anywhere.
 func Select(in SelectInput, preferred []string) ([]string, error) {
 	s, done, err := start(in)
 	if err != nil {
@@ -272,7 +271,8 @@ func Select(in SelectInput, preferred []string) ([]string, error) {
 		}
 	}
 	if !done {
-		return nil, &shortfallError{Resource: in.Resource, Requested: in.Required, Got: in.Required - s.needed}
+		return nil, admissionErrorf(ErrAllocationShortfall,
+			"unexpectedly allocated less resources than required. Requested: %d, Got: %d", in.Required, in.Required-s.needed)
 	}
 	if len(s.picked) == 0 {
 		return nil, nil

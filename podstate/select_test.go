@@ -152,15 +152,13 @@ func TestSelectRules(t *testing.T) {
 
 func TestSelectErrorTypes(t *testing.T) {
 	_, err := Select(SelectInput{Resource: res2, Required: 2, Needed: 2, Available: sets.New("a")}, nil)
-	var insufficient *insufficientDevicesError
-	require.ErrorAs(t, err, &insufficient)
-	assert.Equal(t, insufficientDevicesError{Resource: res2, Requested: 2, Available: 1}, *insufficient)
+	require.ErrorIs(t, err, ErrInsufficientDevices)
+	assert.EqualError(t, err, "requested number of devices unavailable for "+res2+". Requested: 2, Available: 1")
 	assert.NotErrorIs(t, err, ErrAllocationShortfall)
 
 	_, err = Select(SelectInput{Resource: res2, Required: 1, Needed: 1, Available: sets.New("a")}, nil)
-	var short *shortfallError
-	require.ErrorAs(t, err, &short)
-	assert.Equal(t, shortfallError{Resource: res2, Requested: 1, Got: 0}, *short)
+	require.ErrorIs(t, err, ErrAllocationShortfall)
+	assert.EqualError(t, err, "unexpectedly allocated less resources than required. Requested: 1, Got: 0")
 	assert.NotErrorIs(t, err, ErrInsufficientDevices)
 }
 
@@ -448,7 +446,8 @@ func selectByRules(in SelectInput, preferred []string) (picks []string, query *P
 	add(in.Reusable, nil)
 	free = free.Difference(picked)
 	if left > 0 && free.Len() < left {
-		return nil, nil, &insufficientDevicesError{Resource: in.Resource, Requested: left, Available: free.Len()}
+		return nil, nil, admissionErrorf(ErrInsufficientDevices,
+			"requested number of devices unavailable for %s. Requested: %d, Available: %d", in.Resource, left, free.Len())
 	}
 	var aligned []string
 	for _, id := range in.Tiers.Aligned {
@@ -475,7 +474,8 @@ func selectByRules(in SelectInput, preferred []string) (picks []string, query *P
 		add(in.Tiers.NoTopology, free.Has)
 	}
 	if left > 0 {
-		return nil, query, &shortfallError{Resource: in.Resource, Requested: in.Required, Got: in.Required - left}
+		return nil, query, admissionErrorf(ErrAllocationShortfall,
+			"unexpectedly allocated less resources than required. Requested: %d, Got: %d", in.Required, in.Required-left)
 	}
 	slices.Sort(picks)
 	return picks, query, nil
