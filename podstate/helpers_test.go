@@ -147,3 +147,16 @@ func addTier(t *topology.Tiers, tier int, id string) {
 		t.NoTopology = append(t.NoTopology, id)
 	}
 }
+
+// devices returns, per resource with at least one record, the union of the
+// recorded device IDs (pending reservations excluded). Unlike upstream, a
+// record without a response contributes its IDs too: its devices are in use.
+func (l *Ledger) devices() map[string]sets.Set[string] {
+	out := make(map[string]sets.Set[string])
+	for uid, ctrs := range l.pods {
+		for name := range ctrs {
+			l.AddContainerDevices(uid, name, out)
+		}
+	}
+	return out
+}

@@ -61,9 +61,7 @@ func (l *Ledger) hold(resource string, ids []string, ref ContainerRef) {
 func (l *Ledger) release(resource string, ids []string, ref ContainerRef) {
 	for _, id := range ids {
 		h := l.entry(resource, id, false) // present: ref's record holds id
-		if i := slices.Index(h.owners, ref); i >= 0 {
-			h.owners = slices.Delete(h.owners, i, i+1)
-		}
+		h.owners = slices.DeleteFunc(h.owners, func(o ContainerRef) bool { return o == ref })
 		l.drop(resource, id, h)
 	}
 }
@@ -94,14 +92,7 @@ func (l *Ledger) AllocatedCount(resource string) int { return len(l.index[resour
 
 // AllocatedResources returns, sorted, the resources with at least one
 // allocated device.
-func (l *Ledger) AllocatedResources() []string {
-	out := make([]string, 0, len(l.index))
-	for res := range l.index {
-		out = append(out, res)
-	}
-	slices.Sort(out)
-	return out
-}
+func (l *Ledger) AllocatedResources() []string { return slices.Sorted(maps.Keys(l.index)) }
 
 // Owners returns, sorted by pod UID then container name, the containers whose
 // record for resource holds the device; nil when none. The scope is the

@@ -13,13 +13,9 @@ import (
 )
 
 // Ledger records which devices each container holds and the plugin's Allocate
-// response for them: pod UID -> container name -> resource -> record. It also
-// holds pending reservations (devices picked for a plugin call in flight) and
-// an index of allocated devices kept up to date on every change.
-//
-// A Ledger is not safe for concurrent use; the caller serialises all calls
-// (devicemanager holds its mutex around them). The zero value is not usable:
-// call NewLedger.
+// response for them, with the pending reservations and the index that the
+// package doc describes. It is not safe for concurrent use. The zero value is
+// not usable: call NewLedger.
 type Ledger struct {
 	pods map[string]map[string]map[string]*record // podUID -> container -> resource
 	// order holds every record in the order its key was first recorded
@@ -223,26 +219,6 @@ func (l *Ledger) PodDevices(podUID, resource string) sets.Set[string] {
 	for _, recs := range l.pods[podUID] {
 		if rec := recs[resource]; rec != nil {
 			out.Insert(rec.ids...)
-		}
-	}
-	return out
-}
-
-// devices returns, per resource with at least one record, the union of the
-// recorded device IDs (pending reservations excluded). Unlike upstream, a
-// record without a response contributes its IDs too: its devices are in use.
-func (l *Ledger) devices() map[string]sets.Set[string] {
-	out := make(map[string]sets.Set[string])
-	for _, ctrs := range l.pods {
-		for _, recs := range ctrs {
-			for res, rec := range recs {
-				s := out[res]
-				if s == nil {
-					s = sets.New[string]()
-					out[res] = s
-				}
-				s.Insert(rec.ids...)
-			}
 		}
 	}
 	return out

@@ -99,9 +99,7 @@ func (l *Ledger) unreserve(id ReservationID, r *reservation) {
 	delete(l.pending, id)
 	for _, dev := range r.ids {
 		h := l.entry(r.resource, dev, false) // present: the reservation holds dev
-		if i := slices.Index(h.reserved, id); i >= 0 {
-			h.reserved = slices.Delete(h.reserved, i, i+1)
-		}
+		h.reserved = slices.DeleteFunc(h.reserved, func(rid ReservationID) bool { return rid == id })
 		l.drop(r.resource, dev, h)
 	}
 }

@@ -11,12 +11,10 @@ import "k8s.io/apimachinery/pkg/util/sets"
 // per resource (set union). pool must not be nil.
 func (l *Ledger) AddContainerDevices(podUID, containerName string, pool map[string]sets.Set[string]) {
 	for res, rec := range l.pods[podUID][containerName] {
-		s := pool[res]
-		if s == nil {
-			s = sets.New[string]()
-			pool[res] = s
+		if pool[res] == nil {
+			pool[res] = sets.New[string]()
 		}
-		s.Insert(rec.ids...)
+		pool[res].Insert(rec.ids...)
 	}
 }
 
@@ -25,11 +23,9 @@ func (l *Ledger) AddContainerDevices(podUID, containerName string, pool map[stri
 // resource the pool did not have. pool must not be nil.
 func (l *Ledger) RemoveContainerDevices(podUID, containerName string, pool map[string]sets.Set[string]) {
 	for res, rec := range l.pods[podUID][containerName] {
-		s := pool[res]
-		if s == nil {
-			s = sets.New[string]()
-			pool[res] = s
+		if pool[res] == nil {
+			pool[res] = sets.New[string]()
 		}
-		s.Delete(rec.ids...)
+		pool[res].Delete(rec.ids...)
 	}
 }

@@ -63,24 +63,17 @@ func (l *Ledger) RunOptions(podUID, containerName string) (*RunOptions, []Confli
 	if !ok {
 		return nil, nil
 	}
-	m := merger{
-		opts:        &RunOptions{},
-		envs:        make(map[string]string),
-		devices:     make(map[string]string),
-		mounts:      make(map[string]string),
-		annotations: make(map[string]string),
-		cdi:         make(map[string]struct{}),
-	}
+	m := merger{opts: &RunOptions{}, seen: make(map[[2]string]string)}
 	for _, res := range slices.Sorted(maps.Keys(recs)) {
 		if resp := recs[res].resp; resp != nil {
 			m.resource = res
 			for _, k := range slices.Sorted(maps.Keys(resp.Envs)) {
-				if m.first("env", m.envs, k, resp.Envs[k]) {
+				if m.first("env", k, resp.Envs[k]) {
 					m.opts.Envs = append(m.opts.Envs, EnvVar{Name: k, Value: resp.Envs[k]})
 				}
 			}
 			for _, d := range resp.Devices {
-				if m.first("device", m.devices, d.GetContainerPath(), d.GetHostPath()) {
+				if m.first("device", d.GetContainerPath(), d.GetHostPath()) {
 					m.opts.Devices = append(m.opts.Devices, DeviceInfo{
 						PathOnHost:      d.GetHostPath(),
 						PathInContainer: d.GetContainerPath(),
@@ -89,7 +82,7 @@ func (l *Ledger) RunOptions(podUID, containerName string) (*RunOptions, []Confli
 				}
 			}
 			for _, mnt := range resp.Mounts {
-				if m.first("mount", m.mounts, mnt.GetContainerPath(), mnt.GetHostPath()) {
+				if m.first("mount", mnt.GetContainerPath(), mnt.GetHostPath()) {
 					m.opts.Mounts = append(m.opts.Mounts, Mount{
 						Name:          mnt.GetContainerPath(),
 						ContainerPath: mnt.GetContainerPath(),
@@ -99,13 +92,13 @@ func (l *Ledger) RunOptions(podUID, containerName string) (*RunOptions, []Confli
 				}
 			}
 			for _, k := range slices.Sorted(maps.Keys(resp.Annotations)) {
-				if m.first("annotation", m.annotations, k, resp.Annotations[k]) {
+				if m.first("annotation", k, resp.Annotations[k]) {
 					m.opts.Annotations = append(m.opts.Annotations, Annotation{Name: k, Value: resp.Annotations[k]})
 				}
 			}
 			for _, c := range resp.CdiDevices {
-				if _, seen := m.cdi[c.GetName()]; !seen {
-					m.cdi[c.GetName()] = struct{}{}
+				// A CDI name has no value, so it never conflicts.
+				if m.first("cdi", c.GetName(), "") {
 					m.opts.CDIDevices = append(m.opts.CDIDevices, CDIDevice{Name: c.GetName()})
 				}
 			}
@@ -114,21 +107,20 @@ func (l *Ledger) RunOptions(podUID, containerName string) (*RunOptions, []Confli
 	return m.opts, m.conflicts
 }
 
-// merger holds the first value seen per key while RunOptions merges.
+// merger holds the first value seen per kind and key while RunOptions merges.
 type merger struct {
-	opts                               *RunOptions
-	resource                           string
-	envs, devices, mounts, annotations map[string]string
-	cdi                                map[string]struct{}
-	conflicts                          []Conflict
+	opts      *RunOptions
+	resource  string
+	seen      map[[2]string]string // {kind, key} -> first value
+	conflicts []Conflict
 }
 
-// first reports whether key is new in seen, recording value; a known key with
-// a different value is recorded as a conflict.
-func (m *merger) first(kind string, seen map[string]string, key, value string) bool {
-	kept, ok := seen[key]
+// first reports whether key is new for kind, recording value; a known key
+// with a different value is recorded as a conflict.
+func (m *merger) first(kind, key, value string) bool {
+	kept, ok := m.seen[[2]string{kind, key}]
 	if !ok {
-		seen[key] = value
+		m.seen[[2]string{kind, key}] = value
 		return true
 	}
 	if kept != value {

@@ -18,10 +18,7 @@ const NoTopology int64 = -1
 type ContainerRef struct{ PodUID, ContainerName string }
 
 func compareRefs(a, b ContainerRef) int {
-	if c := cmp.Compare(a.PodUID, b.PodUID); c != 0 {
-		return c
-	}
-	return cmp.Compare(a.ContainerName, b.ContainerName)
+	return cmp.Or(cmp.Compare(a.PodUID, b.PodUID), cmp.Compare(a.ContainerName, b.ContainerName))
 }
 
 // ContainerMap maps a runtime container ID to the container it belongs to. It
@@ -46,29 +43,20 @@ type DeviceInstances map[string]*pluginapi.Device
 // ResourceDeviceInstances maps a resource name to its devices.
 type ResourceDeviceInstances map[string]DeviceInstances
 
-// numaMap places each ID under the NUMA nodes devs reports for it: under
-// every node of a multi-node device, under NoTopology for a device with no
-// topology, an empty node list or no entry in devs (upstream dereferences nil
-// there). Each list is sorted; IDs repeated in ids are listed once.
+// numaMap places each of ids (distinct and sorted, as a reservation holds
+// them) under the NUMA nodes devs reports for it: under every node of a
+// multi-node device, under NoTopology for a device with no topology, an empty
+// node list or no entry in devs (upstream dereferences nil there).
 func numaMap(ids []string, devs DeviceInstances) checkpoint.DevicesPerNUMA {
 	out := checkpoint.DevicesPerNUMA{}
-	seen := make(map[string]struct{}, len(ids))
 	for _, id := range ids {
-		if _, dup := seen[id]; dup {
-			continue
+		nodes := nodesOf(devs[id])
+		if len(nodes) == 0 {
+			nodes = []int64{NoTopology}
 		}
-		seen[id] = struct{}{}
-		placed := false
-		for _, node := range nodesOf(devs[id]) {
+		for _, node := range nodes {
 			out[node] = append(out[node], id)
-			placed = true
 		}
-		if !placed {
-			out[NoTopology] = append(out[NoTopology], id)
-		}
-	}
-	for _, list := range out {
-		slices.Sort(list)
 	}
 	return out
 }

@@ -1,6 +1,7 @@
 package podstate
 
 import (
+	"maps"
 	"slices"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -23,30 +24,21 @@ func (l *Ledger) DeviceView(podUID, containerName string) ResourceDeviceInstance
 		if len(rec.ids) == 0 {
 			continue
 		}
-		nodes := make(map[string][]int64, len(rec.ids))
-		for node, ids := range rec.numa {
-			for _, id := range ids {
-				if node == NoTopology {
-					if _, ok := nodes[id]; !ok {
-						nodes[id] = nil
-					}
-					continue
-				}
-				nodes[id] = append(nodes[id], node)
-			}
+		devs := make(DeviceInstances, len(rec.ids))
+		for _, id := range rec.ids {
+			devs[id] = &pluginapi.Device{}
 		}
-		devs := make(DeviceInstances, len(nodes))
-		for id, ns := range nodes {
-			dev := &pluginapi.Device{}
-			if len(ns) > 0 {
-				slices.Sort(ns)
-				ns = slices.Compact(ns)
-				dev.Topology = &pluginapi.TopologyInfo{Nodes: make([]*pluginapi.NUMANode, len(ns))}
-				for i, n := range ns {
-					dev.Topology.Nodes[i] = &pluginapi.NUMANode{ID: n}
+		for _, node := range slices.Sorted(maps.Keys(rec.numa)) {
+			if node == NoTopology {
+				continue
+			}
+			for _, id := range rec.numa[node] {
+				if t := devs[id].Topology; t == nil {
+					devs[id].Topology = &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: node}}}
+				} else if t.Nodes[len(t.Nodes)-1].ID != node { // not a repeat within the list
+					t.Nodes = append(t.Nodes, &pluginapi.NUMANode{ID: node})
 				}
 			}
-			devs[id] = dev
 		}
 		out[res] = devs
 	}
