@@ -78,28 +78,23 @@ type Options struct {
 }
 
 func (o Options) withDefaults() Options {
-	if o.CallTimeout <= 0 {
-		o.CallTimeout = DefaultCallTimeout
-	}
-	if o.PreStartTimeout <= 0 {
-		o.PreStartTimeout = DefaultPreStartTimeout
-	}
-	if o.DialTimeout <= 0 {
-		o.DialTimeout = DefaultDialTimeout
-	}
-	if o.MaxRecvMsgSize <= 0 {
-		o.MaxRecvMsgSize = DefaultMaxRecvMsgSize
-	}
-	if o.KeepaliveTime <= 0 {
-		o.KeepaliveTime = DefaultKeepaliveTime
-	}
-	if o.KeepaliveTimeout <= 0 {
-		o.KeepaliveTimeout = DefaultKeepaliveTimeout
-	}
+	orDefault(&o.CallTimeout, DefaultCallTimeout)
+	orDefault(&o.PreStartTimeout, DefaultPreStartTimeout)
+	orDefault(&o.DialTimeout, DefaultDialTimeout)
+	orDefault(&o.MaxRecvMsgSize, DefaultMaxRecvMsgSize)
+	orDefault(&o.KeepaliveTime, DefaultKeepaliveTime)
+	orDefault(&o.KeepaliveTimeout, DefaultKeepaliveTimeout)
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
 	}
 	return o
+}
+
+// orDefault sets *v to def unless it is positive.
+func orDefault[T int | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
 }
 
 // Endpoint is one plugin instance of one resource.
@@ -200,10 +195,9 @@ func checkSocket(path string) error {
 // server: the connection is up (state), or the error is one a server sent.
 // The state alone does not tell: under load, a plugin's own error can arrive
 // with the connection no longer Ready, and would be reported as a failure to
-// dial. Unavailable,
-// DeadlineExceeded and Canceled are what a client reports without a server
-// (none listening, none answering in time, the caller gave up), and an
-// error that is not a status is not an answer.
+// dial. Unavailable, DeadlineExceeded and Canceled are what a client reports
+// without a server (none listening, none answering in time, the caller gave
+// up), and an error that is not a status is not an answer.
 func reachedServer(state connectivity.State, err error) bool {
 	if state == connectivity.Ready {
 		return true
@@ -229,9 +223,6 @@ func NewStopped(resource string, c clock.PassiveClock) *Endpoint {
 	e.cancel()
 	return e
 }
-
-// Resource returns the resource name the plugin registered.
-func (e *Endpoint) Resource() string { return e.resource }
 
 // SocketPath returns the plugin's socket path ("" for a placeholder).
 func (e *Endpoint) SocketPath() string { return e.socket }
@@ -308,30 +299,23 @@ func (e *Endpoint) StopTime() time.Time {
 	return e.stopTime
 }
 
-// GracePeriodExpired reports whether the endpoint was stopped more than grace
-// ago (strictly), on the endpoint's clock.
-func (e *Endpoint) GracePeriodExpired(grace time.Duration) bool {
-	t := e.StopTime()
-	return !t.IsZero() && e.opts.Clock.Since(t) > grace
-}
-
-// stoppedErr returns the kubelet's error for a call on a stopped endpoint.
-func (e *Endpoint) stoppedErr() error {
+// call makes one RPC on the plugin within timeout, or returns the kubelet's
+// error for a call on a stopped endpoint.
+func call[Req, Resp any](ctx context.Context, e *Endpoint, timeout time.Duration,
+	rpc func(pluginapi.DevicePluginClient, context.Context, Req, ...grpc.CallOption) (Resp, error), req Req) (Resp, error) {
 	if e.IsStopped() {
-		return fmt.Errorf("endpoint %s (%s) has been stopped: %w", e.resource, e.socket, ErrStopped)
+		var none Resp
+		return none, fmt.Errorf("endpoint %s (%s) has been stopped: %w", e.resource, e.socket, ErrStopped)
 	}
-	return nil
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return rpc(e.client, ctx, req)
 }
 
 // Allocate asks the plugin to allocate devices for one container, within
 // CallTimeout.
 func (e *Endpoint) Allocate(ctx context.Context, deviceIDs []string) (*pluginapi.AllocateResponse, error) {
-	if err := e.stoppedErr(); err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, e.opts.CallTimeout)
-	defer cancel()
-	return e.client.Allocate(ctx, &pluginapi.AllocateRequest{
+	return call(ctx, e, e.opts.CallTimeout, pluginapi.DevicePluginClient.Allocate, &pluginapi.AllocateRequest{
 		ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: deviceIDs}},
 	})
 }
@@ -339,27 +323,17 @@ func (e *Endpoint) Allocate(ctx context.Context, deviceIDs []string) (*pluginapi
 // PreStartContainer tells the plugin a container with these devices is about
 // to start, within PreStartTimeout.
 func (e *Endpoint) PreStartContainer(ctx context.Context, deviceIDs []string) (*pluginapi.PreStartContainerResponse, error) {
-	if err := e.stoppedErr(); err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, e.opts.PreStartTimeout)
-	defer cancel()
-	return e.client.PreStartContainer(ctx, &pluginapi.PreStartContainerRequest{DevicesIds: deviceIDs})
+	return call(ctx, e, e.opts.PreStartTimeout, pluginapi.DevicePluginClient.PreStartContainer,
+		&pluginapi.PreStartContainerRequest{DevicesIds: deviceIDs})
 }
 
 // GetPreferredAllocation asks the plugin which size devices it prefers among
 // available, including mustInclude, within CallTimeout.
 func (e *Endpoint) GetPreferredAllocation(ctx context.Context, available, mustInclude []string, size int) (*pluginapi.PreferredAllocationResponse, error) {
-	if err := e.stoppedErr(); err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, e.opts.CallTimeout)
-	defer cancel()
-	return e.client.GetPreferredAllocation(ctx, &pluginapi.PreferredAllocationRequest{
-		ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{
-			AvailableDeviceIDs:   available,
-			MustIncludeDeviceIDs: mustInclude,
-			AllocationSize:       int32(size),
-		}},
-	})
+	req := &pluginapi.PreferredAllocationRequest{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{
+		AvailableDeviceIDs:   available,
+		MustIncludeDeviceIDs: mustInclude,
+		AllocationSize:       int32(size),
+	}}}
+	return call(ctx, e, e.opts.CallTimeout, pluginapi.DevicePluginClient.GetPreferredAllocation, req)
 }

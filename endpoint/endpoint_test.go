@@ -109,7 +109,6 @@ func recv[T any](t *testing.T, msgs <-chan T) T {
 func TestDialFetchesOptions(t *testing.T) {
 	p := startPlugin(t, nil, func(o *plugintest.Options) { o.PreStartRequired = true })
 	e := dial(t, p, Options{})
-	assert.Equal(t, res, e.Resource())
 	assert.Equal(t, p.SocketPath(), e.SocketPath())
 	assert.True(t, e.Options().GetPreStartRequired())
 	assert.False(t, e.Options().GetGetPreferredAllocationAvailable())
@@ -117,6 +116,8 @@ func TestDialFetchesOptions(t *testing.T) {
 	e.Stop()
 	e.Stop()
 	assert.True(t, e.IsStopped())
+	_, err := e.Allocate(context.Background(), nil)
+	assert.EqualError(t, err, "endpoint "+res+" ("+p.SocketPath()+") has been stopped: endpoint has been stopped")
 }
 
 // With a Dialer, path only names the instance: no file of that name is
@@ -278,18 +279,13 @@ func TestStoppedEndpointRefusesCalls(t *testing.T) {
 	assert.Empty(t, p.CallsOf(plugintest.MethodAllocate))
 }
 
-func TestStopTimeAndGracePeriodOnTheClock(t *testing.T) {
+func TestStopTimeOnTheClock(t *testing.T) {
 	clk := testingclock.NewFakeClock(time.Unix(1000, 0))
 	p := startPlugin(t, nil)
 	e := dial(t, p, Options{Clock: clk})
 	assert.True(t, e.StopTime().IsZero())
-	assert.False(t, e.GracePeriodExpired(time.Minute))
 	e.Stop()
 	assert.Equal(t, time.Unix(1000, 0), e.StopTime())
-	clk.Step(time.Minute)
-	assert.False(t, e.GracePeriodExpired(time.Minute), "strictly more than the grace period")
-	clk.Step(time.Nanosecond)
-	assert.True(t, e.GracePeriodExpired(time.Minute))
 	clk.Step(time.Hour)
 	e.Stop()
 	assert.Equal(t, time.Unix(1000, 0), e.StopTime(), "a second Stop keeps the first stop time")
