@@ -20,18 +20,9 @@ const (
 )
 
 // fnvUpdate continues an FNV-1a 32 hash in state h over b.
-func fnvUpdate(h uint32, b []byte) uint32 {
-	for _, c := range b {
-		h ^= uint32(c)
-		h *= fnvPrime32
-	}
-	return h
-}
-
-// fnvString continues h over s.
-func fnvString(h uint32, s string) uint32 {
-	for i := 0; i < len(s); i++ {
-		h ^= uint32(s[i])
+func fnvUpdate[T string | []byte](h uint32, b T) uint32 {
+	for i := 0; i < len(b); i++ {
+		h ^= uint32(b[i])
 		h *= fnvPrime32
 	}
 	return h
@@ -119,17 +110,17 @@ func appendNUMAText(b []byte, m DevicesPerNUMA) []byte {
 // text first would copy it all.
 func hashRegistered(h uint32, m map[string][]string) uint32 {
 	if m == nil {
-		return fnvString(h, spewNil)
+		return fnvUpdate(h, spewNil)
 	}
-	h = fnvString(h, "map[")
+	h = fnvUpdate(h, "map[")
 	for i, k := range slices.Sorted(maps.Keys(m)) {
 		if i > 0 {
 			h = fnvByte(h, ' ')
 		}
-		h = fnvByte(fnvString(h, k), ':')
+		h = fnvByte(fnvUpdate(h, k), ':')
 		ids := m[k]
 		if ids == nil {
-			h = fnvString(h, spewNil)
+			h = fnvUpdate(h, spewNil)
 			continue
 		}
 		h = fnvByte(h, '[')
@@ -137,7 +128,7 @@ func hashRegistered(h uint32, m map[string][]string) uint32 {
 			if j > 0 {
 				h = fnvByte(h, ' ')
 			}
-			h = fnvString(h, id)
+			h = fnvUpdate(h, id)
 		}
 		h = fnvByte(h, ']')
 	}
@@ -174,9 +165,9 @@ func appendEntryText(b []byte, e *PodDevicesEntry) []byte {
 // entry list) and the registered devices. hashEntry continues the hash from
 // state h over the text of entry i.
 func hashDocument(isNil bool, n int, hashEntry func(h uint32, i int) uint32, registered map[string][]string) uint64 {
-	h := fnvString(fnvOffset32, docHead)
+	h := fnvUpdate(fnvOffset32, docHead)
 	if isNil {
-		h = fnvString(h, spewNil)
+		h = fnvUpdate(h, spewNil)
 	} else {
 		h = fnvByte(h, '[')
 		for i := range n {
@@ -187,7 +178,7 @@ func hashDocument(isNil bool, n int, hashEntry func(h uint32, i int) uint32, reg
 		}
 		h = fnvByte(h, ']')
 	}
-	h = fnvString(h, docRegistered)
+	h = fnvUpdate(h, docRegistered)
 	h = hashRegistered(h, registered)
 	return uint64(fnvByte(h, '}'))
 }

@@ -25,14 +25,12 @@
 //
 // # Store
 //
-// NewManager returns a Manager that keeps one file per key in a directory.
-// A write goes to a new temporary file in the same directory, which is
-// synced, renamed over the checkpoint, and followed by a sync of the
-// directory: readers never see a partial file, and after a crash the
-// checkpoint holds the previous or the new content. Errors: ErrNotFound for
-// a missing checkpoint, *CorruptError for a checksum mismatch, *DecodeError
-// (naming the file) for a document that does not decode, and *KeyError for a
-// key the store refuses.
+// NewManager returns a Manager that keeps one file per key in a directory,
+// written crash-safely (see NewManager): readers never see a partial file,
+// and after a crash the checkpoint holds the previous or the new content.
+// Errors: ErrNotFound for a missing checkpoint, *CorruptError for a checksum
+// mismatch, *DecodeError (naming the file) for a document that does not
+// decode, and *KeyError for a key the store refuses.
 //
 // # Concurrency and lifecycle
 //

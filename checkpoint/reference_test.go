@@ -6,29 +6,20 @@ import (
 	"math/rand/v2"
 	"strings"
 
-	"github.com/davecgh/go-spew/spew"
-
 	legacyspew "github.com/openkubelet/devmgr/checkpoint/internal/legacyspew"
 )
 
-// spewForHash is the go-spew configuration of k8s.io/utils/dump.ForHash, the
-// reference that the hand-written checksum must match.
-var spewForHash = spew.ConfigState{
-	Indent:                  " ",
-	SortKeys:                true,
-	DisableMethods:          true,
-	SpewKeys:                true,
-	DisablePointerAddresses: true,
-	DisableCapacities:       true,
-}
-
-// spewText is the text the kubelet hashes for d.
-func spewText(d checkpointData) string { return spewForHash.Sprintf("%#v", d) }
+// spewText is the text the kubelet hashes for d: the reference that the
+// hand-written checksum must match.
+func spewText(d checkpointData) string { return legacyspew.ForHash.Sprintf("%#v", d) }
 
 // spewChecksum is the kubelet's checksum computed the kubelet's way.
-func spewChecksum(d checkpointData) uint64 {
+func spewChecksum(d checkpointData) uint64 { return fnvOfText(spewText(d)) }
+
+// fnvOfText is the kubelet's hash of a text.
+func fnvOfText(text string) uint64 {
 	h := fnv.New32a()
-	fmt.Fprintf(h, "%v", spewText(d))
+	fmt.Fprintf(h, "%v", text)
 	return uint64(h.Sum32())
 }
 
@@ -45,7 +36,7 @@ func legacyRefEntries(d *legacyCheckpointData) []legacyspew.PodDevicesEntry {
 
 // legacySpewChecksum is the checksum a pre-1.20 kubelet computed for d.
 func legacySpewChecksum(d *legacyCheckpointData) uint64 {
-	return legacyspew.Checksum(legacyRefEntries(d), d.RegisteredDevices)
+	return fnvOfText(legacyspew.Text(legacyRefEntries(d), d.RegisteredDevices))
 }
 
 // gen builds arbitrary checkpoint content from a seeded source: nil and empty

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 )
@@ -65,30 +66,15 @@ func NewManager(dir string) (Manager, error) {
 	return &fileStore{dir: dir, fs: osFileSystem{}}, nil
 }
 
+// keyPattern is the kubelet's rule for checkpoint keys (see NewManager).
+var keyPattern = regexp.MustCompile(`^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$`)
+
 // ValidateKey returns a *KeyError unless key is a valid checkpoint key.
 func ValidateKey(key string) error {
-	if !validKey(key) {
+	if len(key) > maxKeyLength || !keyPattern.MatchString(key) {
 		return &KeyError{Key: key}
 	}
 	return nil
-}
-
-func validKey(key string) bool {
-	if key == "" || len(key) > maxKeyLength {
-		return false
-	}
-	alnum := func(c byte) bool {
-		return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
-	}
-	if !alnum(key[0]) || !alnum(key[len(key)-1]) {
-		return false
-	}
-	for i := 1; i < len(key)-1; i++ {
-		if c := key[i]; !alnum(c) && c != '-' && c != '_' && c != '.' {
-			return false
-		}
-	}
-	return true
 }
 
 func (s *fileStore) path(key string) string { return filepath.Join(s.dir, key) }
@@ -168,7 +154,7 @@ func (s *fileStore) GetCheckpoint(key string, cp Checkpoint) error {
 	if err := cp.UnmarshalCheckpoint(blob); err != nil {
 		var de *DecodeError
 		if errors.As(err, &de) {
-			return &DecodeError{Path: p, Err: de.Err}
+			err = de.Err
 		}
 		return &DecodeError{Path: p, Err: err}
 	}

@@ -4,12 +4,7 @@
 // "checkpoint", because go-spew prints it as part of every type name.
 package checkpoint
 
-import (
-	"fmt"
-	"hash/fnv"
-
-	"github.com/davecgh/go-spew/spew"
-)
+import "github.com/davecgh/go-spew/spew"
 
 // PodDevicesEntry is an allocation record of the pre-1.20 layout.
 type PodDevicesEntry struct {
@@ -25,8 +20,9 @@ type checkpointData struct {
 	RegisteredDevices map[string][]string
 }
 
-// forHash is the go-spew configuration of k8s.io/utils/dump.ForHash.
-var forHash = spew.ConfigState{
+// ForHash is the go-spew configuration of k8s.io/utils/dump.ForHash, with
+// which the kubelet prints the text it hashes.
+var ForHash = spew.ConfigState{
 	Indent:                  " ",
 	SortKeys:                true,
 	DisableMethods:          true,
@@ -37,12 +33,5 @@ var forHash = spew.ConfigState{
 
 // Text returns the text a pre-1.20 kubelet hashed for this content.
 func Text(entries []PodDevicesEntry, registered map[string][]string) string {
-	return forHash.Sprintf("%#v", checkpointData{PodDeviceEntries: entries, RegisteredDevices: registered})
-}
-
-// Checksum returns the checksum a pre-1.20 kubelet computed for this content.
-func Checksum(entries []PodDevicesEntry, registered map[string][]string) uint64 {
-	h := fnv.New32a()
-	fmt.Fprint(h, Text(entries, registered))
-	return uint64(h.Sum32())
+	return ForHash.Sprintf("%#v", checkpointData{PodDeviceEntries: entries, RegisteredDevices: registered})
 }
