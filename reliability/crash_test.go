@@ -191,7 +191,7 @@ func TestCrashConsistency(t *testing.T) {
 // not sync is gone before the parent looks. A checkpoint renamed into place
 // before its data was synced reads empty or short then, and fails the test.
 func TestPowerLossConsistency(t *testing.T) {
-	lz := mountLazyFS(t)
+	lz := mountLazyFS(t, categoryPowerLoss)
 	runCrash(t, *losses, lz)
 }
 

@@ -51,14 +51,22 @@ type lazyFS struct {
 	answers             *bufio.Reader
 }
 
-// needLazyFS fails the test unless -lazyfs names an executable.
-func needLazyFS(t *testing.T) string {
+// noLazyFS says why a power-loss category did not run, and how to run it.
+const noLazyFS = "skipped: no LazyFS (a FUSE file system that drops unsynced data on command), which the power-loss " +
+	"categories mount; build it as .ci/run does and pass the binary's path: " +
+	"make reliability LAZYFS=PATH, or go test -tags reliability ./reliability/ -args -lazyfs PATH"
+
+// needLazyFS returns the LazyFS binary -lazyfs names. Without one, the test
+// of category is skipped, and recorded as skipped, unless -require-lazyfs
+// is set: then it fails.
+func needLazyFS(t *testing.T, category string) string {
 	t.Helper()
 	if *lazyfsPath == "" {
-		require.FailNow(t, "no LazyFS",
-			"the power-loss tests need LazyFS (a FUSE file system that drops unsynced data on command): "+
-				"build it as .ci/run does before make reliability, and pass the binary's path: "+
-				"make reliability LAZYFS=PATH, or go test -tags reliability ./reliability/ -args -lazyfs PATH")
+		if *requireLazyFS {
+			require.FailNow(t, "no LazyFS, and -require-lazyfs is set", noLazyFS)
+		}
+		record(t, Figures{Category: category, Skipped: noLazyFS})
+		t.Skip(noLazyFS)
 	}
 	fi, err := os.Stat(*lazyfsPath)
 	require.NoError(t, err, "-lazyfs")
@@ -70,9 +78,9 @@ func needLazyFS(t *testing.T) string {
 // unsynced data (selfCheck), and unmounts it when the test ends, however it
 // ends. If the test process itself dies, LazyFS dies with it (Pdeathsig) and
 // fusermount3 unmounts (auto_unmount).
-func mountLazyFS(t *testing.T) *lazyFS {
+func mountLazyFS(t *testing.T, category string) *lazyFS {
 	t.Helper()
-	bin := needLazyFS(t)
+	bin := needLazyFS(t, category)
 	base := shortDir(t)
 	l := &lazyFS{
 		mnt:     filepath.Join(base, "mnt"),

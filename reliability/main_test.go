@@ -24,6 +24,9 @@ var (
 	admissions = flag.Int("admissions", 10000, "load: admissions across 8 goroutines")
 	flipBits   = flag.Int("flips", 2000, "checkpoint damage: random bit flips tried")
 	report     = flag.String("report", "", "append the figures of this run as JSON lines to this file (docs/RELIABILITY.md is made from them)")
+	// requireLazyFS makes a run without -lazyfs fail instead of skipping
+	// the power-loss categories (CI sets it).
+	requireLazyFS = flag.Bool("require-lazyfs", false, "fail, instead of skipping the power-loss categories, when -lazyfs is not given")
 )
 
 // childEnv names, in the environment of a re-executed test binary, the child
@@ -68,6 +71,8 @@ type Figures struct {
 	Params   map[string]any    `json:"params,omitempty"`
 	Elapsed  string            `json:"elapsed"`
 	When     time.Time         `json:"when"`
+	// Skipped says why the category did not run; nothing else is set then.
+	Skipped string `json:"skipped,omitempty"`
 }
 
 var reportMu sync.Mutex

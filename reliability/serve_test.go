@@ -68,7 +68,7 @@ func TestServeCrashConsistency(t *testing.T) {
 }
 
 func TestServePowerLossConsistency(t *testing.T) {
-	lz := mountLazyFS(t)
+	lz := mountLazyFS(t, categoryServePowerLoss)
 	runServeCrash(t, *serveKills, lz)
 }
 

@@ -47,6 +47,7 @@ type figures struct {
 	Params   map[string]any    `json:"params"`
 	Elapsed  string            `json:"elapsed"`
 	When     time.Time         `json:"when"`
+	Skipped  string            `json:"skipped"`
 }
 
 func main() {
@@ -317,7 +318,11 @@ func render(records []figures, info runInfo) []byte {
 	}
 	var when time.Time
 	var lost, doubled int
+	var skipped []string
 	for _, r := range records {
+		if r.Skipped != "" {
+			skipped = append(skipped, r.Category)
+		}
 		if r.When.After(when) {
 			when = r.When
 		}
@@ -352,15 +357,25 @@ func render(records []figures, info runInfo) []byte {
 		p("| Result | %s; %d allocations lost, %d doubled |\n", msg, lost, doubled)
 	case lost+doubled > 0:
 		p("| Result | **FAILED**: %d allocations lost, %d doubled |\n", lost, doubled)
+	case len(skipped) > 0:
+		p("| Result | passed: 0 allocations lost, 0 doubled; **not run**: %s (no LazyFS) |\n", strings.Join(skipped, ", "))
 	default:
 		p("| Result | passed: 0 allocations lost, 0 doubled |\n")
 	}
 	p("\n")
+	if len(skipped) > 0 {
+		p("**Power loss was not tested in this run**: %s. Pass a LazyFS binary to run it: `make reliability LAZYFS=PATH`.\n\n",
+			strings.Join(skipped, " and "))
+	}
 
 	p("## Summary\n\n")
 	p("| Category | Cases tried | Faults injected | Kills survived | Lost | Doubled | Time |\n")
 	p("|---|---:|---:|---:|---:|---:|---:|\n")
 	for _, cat := range order {
+		if rs := byCat[cat]; rs[0].Skipped != "" {
+			p("| [%s](#%s) | skipped | | | | | |\n", cat, anchor(cat))
+			continue
+		}
 		var s figures
 		var elapsed time.Duration
 		for _, r := range byCat[cat] {
@@ -382,6 +397,10 @@ func render(records []figures, info runInfo) []byte {
 		p("## %s\n\n", cat)
 		if text, ok := about[cat]; ok {
 			p("%s\n\n", text)
+		}
+		if rs[0].Skipped != "" {
+			p("Not run: %s.\n\n", strings.TrimPrefix(rs[0].Skipped, "skipped: "))
+			continue
 		}
 		p("| Case | Cases tried | Faults injected | Kills survived | Lost | Doubled | Time |\n")
 		p("|---|---:|---:|---:|---:|---:|---:|\n")
@@ -432,7 +451,8 @@ func render(records []figures, info runInfo) []byte {
 	p("Flags (after `-args`): `-kills` (SIGKILLs of the admitting child), `-losses` (the same, each\n")
 	p("followed by a power loss), `-serve-kills` (SIGKILLs of `devmgr serve`, and as many with a power\n")
 	p("loss), `-lazyfs` (the LazyFS binary the power-loss tests mount; `make reliability LAZYFS=PATH`\n")
-	p("passes it, CI builds it, and without it those tests fail), `-cycles` (churn cycles),\n")
+	p("passes it, CI builds it; without it those tests are skipped, or fail with `-require-lazyfs`,\n")
+	p("which `RELIABILITY_REQUIRE_LAZYFS=1` sets and CI uses), `-cycles` (churn cycles),\n")
 	p("`-admissions` (load), `-flips` (bit flips), `-report` (append the figures as JSON lines;\n")
 	p("`make reliability` writes them to `.cache/reliability/figures.jsonl`, and this file from them).\n")
 	p("Random choices are logged with their seed; `DEVMGR_RELIABILITY_SEED=<seed>` repeats them.\n")

@@ -103,3 +103,22 @@ func TestReportShowsChecksAndParameters(t *testing.T) {
 		"- seed: 1796164172044501123\n\n")
 	assert.Contains(t, string(doc), "| [plugin faults](#plugin-faults) | 2 | 2 | 1 | 0 | 0 | 1s |")
 }
+
+// A category skipped for want of LazyFS is named as not run, in the result,
+// the summary and its section, with how to run it; the run still passed.
+func TestReportSaysWhatWasSkipped(t *testing.T) {
+	dir := t.TempDir()
+	in := writeFile(t, dir, "figures.jsonl",
+		`{"category":"churn","cases":3,"lost":0,"doubled":0,"elapsed":"1s","when":"2026-01-02T03:04:05Z"}`+"\n"+
+			`{"category":"power loss (LazyFS)","lost":0,"doubled":0,"elapsed":"","when":"2026-01-02T03:04:05Z","skipped":"skipped: no LazyFS; pass it"}`+"\n")
+	out := filepath.Join(dir, "RELIABILITY.md")
+	require.NoError(t, run(in, out, "", 0, "make reliability"))
+	b, err := os.ReadFile(out)
+	require.NoError(t, err)
+	doc := string(b)
+	assert.Contains(t, doc, "| Result | passed: 0 allocations lost, 0 doubled; **not run**: power loss (LazyFS) (no LazyFS) |")
+	assert.Contains(t, doc, "**Power loss was not tested in this run**: power loss (LazyFS). Pass a LazyFS binary to run it: `make reliability LAZYFS=PATH`.")
+	assert.Contains(t, doc, "| [power loss (LazyFS)](#power-loss-lazyfs) | skipped | | | | | |")
+	assert.Contains(t, doc, "Not run: no LazyFS; pass it.")
+	assert.Contains(t, doc, "| [churn](#churn) | 3 |", "the categories that ran are reported as before")
+}
