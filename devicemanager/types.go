@@ -1,10 +1,9 @@
 package devicemanager
 
 import (
-	"time"
-
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/openkubelet/devmgr/pluginwatcher"
 	"github.com/openkubelet/devmgr/podstate"
 )
 
@@ -21,18 +20,9 @@ type SourcesReady interface{ AllReady() bool }
 // ResourceUpdate names pods whose allocated devices changed health.
 type ResourceUpdate struct{ PodUIDs []string }
 
-// PluginHandler is the plugin-registry (plugin watcher) side of registration:
-// the kubelet's cache.PluginHandler for plugins of type DevicePlugin.
-type PluginHandler interface {
-	// ValidatePlugin accepts a plugin that supports v1beta1 and whose name is
-	// a valid extended resource name.
-	ValidatePlugin(pluginName, endpoint string, versions []string) error
-	// RegisterPlugin dials the plugin at endpoint (an absolute socket path) and
-	// starts following its devices.
-	RegisterPlugin(pluginName, endpoint string, versions []string, timeout *time.Duration) error
-	// DeRegisterPlugin disconnects the plugin instance at endpoint.
-	DeRegisterPlugin(pluginName, endpoint string)
-}
+// PluginHandler is the plugin-registry side of registration, the kubelet's
+// cache.PluginHandler: what a plugin watcher (package pluginwatcher) calls.
+type PluginHandler = pluginwatcher.Handler
 
 // DeviceRunContainerOptions is what the container runtime needs for the devices
 // of one container: environment, mounts, device nodes, annotations and CDI

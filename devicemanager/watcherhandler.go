@@ -12,19 +12,19 @@ import (
 	"github.com/openkubelet/devmgr/internal/pluginreg"
 )
 
-// The plugin-registry path of registration, for plugins that register the
-// way CSI and DRA drivers do instead of calling kubelet.sock: a watcher of
-// the registry directory (package pluginwatcher; Start runs one when
-// Options.PluginsRegistryDir is set) hands each "DevicePlugin" to the
-// handler below. Both paths work at the same time.
-
-// watcherHandler is the plugin-registry path of registration.
+// watcherHandler is the plugin-registry path of registration, for plugins
+// that register the way CSI and DRA drivers do instead of calling
+// kubelet.sock: a watcher of the registry directory (package pluginwatcher;
+// Start runs one when Options.PluginsRegistryDir is set) hands each
+// "DevicePlugin" to it. Both paths work at the same time.
 type watcherHandler struct{ m *ManagerImpl }
 
 // GetWatcherHandler returns the handler a plugin-registry watcher calls for
 // plugins of type DevicePlugin.
 func (m *ManagerImpl) GetWatcherHandler() PluginHandler { return watcherHandler{m: m} }
 
+// ValidatePlugin accepts a plugin that supports v1beta1 and whose name is a
+// valid extended resource name.
 func (h watcherHandler) ValidatePlugin(pluginName, _ string, versions []string) error {
 	if !slices.ContainsFunc(versions, func(v string) bool { return slices.Contains(pluginreg.SupportedVersions, v) }) {
 		return fmt.Errorf("manager version, %s, is not among plugin supported versions %v", pluginapi.Version, versions)
@@ -35,6 +35,8 @@ func (h watcherHandler) ValidatePlugin(pluginName, _ string, versions []string) 
 	return nil
 }
 
+// RegisterPlugin dials the plugin at endpointPath (an absolute socket path)
+// and starts following its devices.
 func (h watcherHandler) RegisterPlugin(pluginName, endpointPath string, _ []string, timeout *time.Duration) error {
 	if !filepath.IsAbs(endpointPath) {
 		return fmt.Errorf("invalid endpoint %q: the plugin registry path needs an absolute socket path", endpointPath)
@@ -48,6 +50,7 @@ func (h watcherHandler) RegisterPlugin(pluginName, endpointPath string, _ []stri
 	return h.m.connect(ctx, pluginName, endpointPath)
 }
 
+// DeRegisterPlugin disconnects the plugin instance at endpointPath.
 func (h watcherHandler) DeRegisterPlugin(pluginName, endpointPath string) {
 	m := h.m
 	m.mu.Lock()
