@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -28,14 +29,11 @@ func (m *ManagerImpl) GetDeviceRunContainerOptions(ctx context.Context, pod *v1.
 	m.mu.Lock()
 	activePods := m.podSource.activePods
 	m.mu.Unlock()
-	var active *bool
-	isActive := func() bool {
-		if active == nil {
-			found := slices.ContainsFunc(activePods(), func(p *v1.Pod) bool { return p.UID == pod.UID })
-			active = &found
-		}
-		return *active
-	}
+	// The active pods are read at most once, and only for a container with
+	// device-plugin resources.
+	isActive := sync.OnceValue(func() bool {
+		return slices.ContainsFunc(activePods(), func(p *v1.Pod) bool { return p.UID == pod.UID })
+	})
 
 	needsAllocation := false
 	for _, name := range sortedResourceNames(container.Resources.Limits) {
