@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -60,12 +62,25 @@ The pods are Kubernetes pod manifests embedded in the binary (testdata/demo).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// Interrupted, the demo still stops what it started and removes
-			// its directory.
+			// its directory; so it does when the reader of its log goes
+			// (-vv | head): with SIGPIPE ignored, a write to the closed pipe
+			// fails instead of killing the process, and the failure ends the
+			// demo.
+			signal.Ignore(syscall.SIGPIPE)
+			// The demo's sockets live in a new directory under $TMPDIR.
+			if longest := filepath.Join(os.TempDir(), "dmdemo4294967295", "example.com-gpu.sock"); len(longest) > maxSocketPath {
+				return fmt.Errorf("TMPDIR %s is too long for the demo's unix sockets (%s would be %d bytes, at most %d); "+
+					"run it with a shorter one: TMPDIR=/tmp devmgr demo", os.TempDir(), longest, len(longest), maxSocketPath)
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			ctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
-			rep, err := runDemo(ctx, demoConfig{pods: demo.Pods, logger: demoLogger(verbose, cmd.ErrOrStderr())})
+			logOut := cancelOnError{w: cmd.ErrOrStderr(), cancel: cancel}
+			rep, err := runDemo(ctx, demoConfig{pods: demo.Pods, logger: demoLogger(verbose, logOut)})
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return fmt.Errorf("demo timed out after %s (--timeout): %w", timeout, err)
+			}
 			if err != nil {
 				return fmt.Errorf("demo failed: %w", err)
 			}
@@ -85,6 +100,21 @@ The pods are Kubernetes pod manifests embedded in the binary (testdata/demo).`,
 	cmd.Flags().CountVarP(&verbose, "verbose", "v", "log to stderr: -v registration and state changes, -vv allocation decisions, -vvv every RPC")
 	cmd.Flags().DurationVar(&timeout, "timeout", defaultDemoTimeout, "give up after this long")
 	return cmd
+}
+
+// cancelOnError writes to w, and calls cancel once a write fails: nobody
+// reads the log any more.
+type cancelOnError struct {
+	w      io.Writer
+	cancel context.CancelFunc
+}
+
+func (c cancelOnError) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	if err != nil {
+		c.cancel()
+	}
+	return n, err
 }
 
 // demoLogger returns the logger of the demo's manager and plugins: silent at

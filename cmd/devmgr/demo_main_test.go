@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -84,4 +85,47 @@ func runDevmgrBinaryIn(t *testing.T, dir string, env []string, args ...string) b
 		t.Fatalf("devmgr %v did not exit within a minute; stderr:\n%s", args, res.stderr)
 	}
 	return res
+}
+
+// A reader that goes away (devmgr demo -vv 2>&1 | head -1) ends the demo,
+// which still stops what it started and removes its directory.
+func TestDemoCleansUpWhenItsReaderGoes(t *testing.T) {
+	tmp := shortTempDir(t)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = r.Close() // every write to w now fails: EPIPE, or SIGPIPE
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, devmgrBinary, "demo", "-vv")
+	cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+	cmd.Stdout, cmd.Stderr = w, w
+	err = cmd.Run()
+	_ = w.Close()
+	var exitErr *exec.ExitError
+	if err != nil && !errors.As(err, &exitErr) {
+		t.Fatal(err)
+	}
+	left, err := os.ReadDir(tmp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range left {
+		t.Errorf("left behind in TMPDIR: %s", e.Name())
+	}
+}
+
+// A demo cut short by --timeout says so, and a $TMPDIR too long for unix
+// sockets is named with the way out, before anything starts.
+func TestDemoExplainsItsFailures(t *testing.T) {
+	res := runDevmgrBinary(t, nil, "demo", "--timeout", "1ms")
+	if res.exitCode != 1 || !strings.Contains(res.stderr, "demo timed out after 1ms (--timeout)") {
+		t.Errorf("--timeout 1ms: exit %d, stderr %q", res.exitCode, res.stderr)
+	}
+	long := filepath.Join(shortTempDir(t), strings.Repeat("x", 100))
+	res = runDevmgrBinary(t, []string{"TMPDIR=" + long}, "demo")
+	if res.exitCode != 1 || !strings.Contains(res.stderr, "TMPDIR "+long+" is too long") || !strings.Contains(res.stderr, "TMPDIR=/tmp devmgr demo") {
+		t.Errorf("long TMPDIR: exit %d, stderr %q", res.exitCode, res.stderr)
+	}
 }
