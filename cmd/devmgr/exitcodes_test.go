@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
@@ -205,6 +206,16 @@ modified: unknown
 time:     unknown
 go:       go1.26.0
 `, out.String())
+	})
+	t.Run("help suggests no go install of an unpublished module", func(t *testing.T) {
+		var walk func(c *cobra.Command)
+		walk = func(c *cobra.Command) {
+			assert.NotContains(t, c.Long+c.Example, "@latest", "%s: the module is not published; build from the checkout", c.CommandPath())
+			for _, sub := range c.Commands() {
+				walk(sub)
+			}
+		}
+		walk(newRootCmd())
 	})
 	t.Run("no build information", func(t *testing.T) {
 		var out bytes.Buffer

@@ -23,7 +23,7 @@ the checkout had uncommitted changes, the commit time, and the Go version.
 What was not recorded (a build with -buildvcs=false, or outside a checkout)
 is printed as "unknown".`,
 		Example: `  devmgr version
-  go install github.com/openkubelet/devmgr/cmd/devmgr@latest && devmgr version`,
+  go build -o devmgr ./cmd/devmgr && ./devmgr version   # from a checkout: revision and modified set`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			info, ok := debug.ReadBuildInfo()
