@@ -3,6 +3,8 @@ package checkpoint
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"strconv"
@@ -268,6 +270,16 @@ func (d *Data) UnmarshalCheckpoint(blob []byte) error {
 	if json.Unmarshal(blob, &lw) == nil {
 		d.data, d.checksum, d.legacy = checkpointData{}, lw.Checksum, &lw.Data
 		return nil
+	}
+	// Say what is wrong in the file's terms, not in Go's.
+	var typeErr *json.UnmarshalTypeError
+	switch {
+	case len(bytes.TrimSpace(blob)) == 0:
+		err = errors.New("file is empty")
+	case errors.As(err, &typeErr) && typeErr.Field == "":
+		err = fmt.Errorf("not a checkpoint: the document is a JSON %s, not an object", typeErr.Value)
+	case errors.As(err, &typeErr):
+		err = fmt.Errorf("not a checkpoint: %s cannot hold JSON %s", typeErr.Field, typeErr.Value)
 	}
 	return &DecodeError{Err: err}
 }

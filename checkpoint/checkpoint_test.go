@@ -166,9 +166,13 @@ func TestUnmarshalErrors(t *testing.T) {
 		name, blob string
 		wantMsg    string
 	}{
-		{"empty input", "", "decode checkpoint: unexpected end of JSON input"},
-		{"not an object", "[]", "decode checkpoint: json: cannot unmarshal array into Go value of type checkpoint.wire"},
-		{"negative checksum", `{"Data":{},"Checksum":-1}`, "decode checkpoint: json: cannot unmarshal number -1 into Go struct field wire.Checksum of type uint64"},
+		// The messages speak of the file, never of Go's types.
+		{"empty input", "", "decode checkpoint: file is empty"},
+		{"only white space", " \n", "decode checkpoint: file is empty"},
+		{"truncated", `{"Data":{`, "decode checkpoint: unexpected end of JSON input"},
+		{"not an object", "[]", "decode checkpoint: not a checkpoint: the document is a JSON array, not an object"},
+		{"negative checksum", `{"Data":{},"Checksum":-1}`, "decode checkpoint: not a checkpoint: Checksum cannot hold JSON number -1"},
+		{"entries not a list", `{"Data":{"PodDeviceEntries":"x"}}`, "decode checkpoint: not a checkpoint: Data.PodDeviceEntries cannot hold JSON string"},
 		{"NUMA key not a number", `{"Data":{"PodDeviceEntries":[{"DeviceIDs":{"x":[]}}]}}`, ""},
 		{"trailing data", `{"Data":{}}{}`, "decode checkpoint: invalid character '{' after top-level value"},
 		{"device IDs of the wrong type", `{"Data":{"PodDeviceEntries":[{"DeviceIDs":"dev"}]}}`, ""},
