@@ -70,7 +70,7 @@ where allocResp is the v1beta1.ContainerAllocateResponse in protobuf JSON, and
 NUMA node "-1" means "no topology" (every device of a pre-1.20 file).`,
 		Example: `  devmgr checkpoint inspect /var/lib/kubelet/device-plugins/kubelet_internal_checkpoint
   devmgr checkpoint inspect --json /var/lib/kubelet/device-plugins | jq '.entries[].devicesPerNUMA'`,
-		Args: cobra.ExactArgs(1),
+		Args: oneArg("FILE"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			rep, err := readCheckpointFile(args[0])
 			if asJSON {
@@ -107,7 +107,7 @@ error), 4 when there is no file ("checkpoint is not found"), 1 when it cannot
 be read.`,
 		Example: `  devmgr checkpoint verify /var/lib/kubelet/device-plugins/kubelet_internal_checkpoint
   devmgr checkpoint verify ./backup/kubelet_internal_checkpoint && cp ./backup/kubelet_internal_checkpoint /var/lib/kubelet/device-plugins/`,
-		Args: cobra.ExactArgs(1),
+		Args: oneArg("FILE"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			rep, err := readCheckpointFile(args[0])
 			if err != nil {

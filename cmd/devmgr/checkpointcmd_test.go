@@ -76,8 +76,8 @@ func TestCheckpointCommandArgs(t *testing.T) {
 		args []string
 		want string
 	}{
-		{args: []string{"checkpoint", "verify"}, want: "devmgr: accepts 1 arg(s), received 0\n"},
-		{args: []string{"checkpoint", "inspect", "a", "b"}, want: "devmgr: accepts 1 arg(s), received 2\n"},
+		{args: []string{"checkpoint", "verify"}, want: "devmgr: missing FILE: usage: devmgr checkpoint verify FILE [flags]\n"},
+		{args: []string{"checkpoint", "inspect", "a", "b"}, want: "devmgr: devmgr checkpoint inspect takes one FILE, not 2 arguments ([\"a\" \"b\"])\n"},
 		{args: []string{"checkpoint", "check", "a"}, want: `devmgr: unknown command "check" for "devmgr checkpoint"` + "\n"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
