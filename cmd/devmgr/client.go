@@ -265,19 +265,22 @@ func (o *clientOptions) call(cmd *cobra.Command, method, path string, body []byt
 
 // answerError turns an error answer into an error: the server's message,
 // the container it names, and the HTTP status. Its exit code follows the
-// status: a refusal (409, 422), not found (404), a plugin not ready (503
-// with reason PluginNotReady), or any other failure.
+// status: a refusal (400, 409, 413, 422: the pod sent, or the devices it
+// asks for), not found (404), a plugin not ready (503 with reason
+// PluginNotReady), or any other failure.
 func answerError(resp *http.Response, raw []byte) error {
 	var e errorResponse
 	decodeErr := json.Unmarshal(raw, &e)
 	code := exitFailure
-	switch {
-	case resp.StatusCode == http.StatusConflict, resp.StatusCode == http.StatusUnprocessableEntity:
+	switch resp.StatusCode {
+	case http.StatusBadRequest, http.StatusConflict, http.StatusRequestEntityTooLarge, http.StatusUnprocessableEntity:
 		code = exitRefused
-	case resp.StatusCode == http.StatusNotFound:
+	case http.StatusNotFound:
 		code = exitNotFound
-	case resp.StatusCode == http.StatusServiceUnavailable && e.Reason == reasonPluginNotReady:
-		code = exitNotReady
+	case http.StatusServiceUnavailable:
+		if e.Reason == reasonPluginNotReady {
+			code = exitNotReady
+		}
 	}
 	if decodeErr != nil || e.Error == "" {
 		return &exitError{code: code, err: fmt.Errorf("devmgr serve answered %s: %s", resp.Status, strings.TrimSpace(string(raw)))}

@@ -13,9 +13,11 @@ import (
 //	GET    /v1/pods/{uid}   admissionResponse
 //	DELETE /v1/pods/{uid}   releaseResponse
 //
-// Every error is an errorResponse. The JSON field names are the API: fields
-// are only ever added, never renamed or removed. Lists are never null and
-// maps never absent, so that clients need no special case for "none".
+// Every error answer of these handlers is an errorResponse (Content-Type
+// application/json), whatever its status code. The JSON field names are the
+// API: fields are only ever added, never renamed or removed. Lists are never
+// null and maps never absent, so that clients need no special case for
+// "none".
 
 const (
 	pathStatus = "/v1/status"
@@ -139,9 +141,10 @@ type releaseResponse struct {
 	Pod podRefJSON `json:"pod"`
 }
 
-// errorResponse is every error answer. Error keeps the device manager's
-// (the kubelet's) wording; Container names the container whose admission
-// failed, if any; Reason is one of the reason* constants.
+// errorResponse is every error answer: {"error": ..., "reason": ...}, and
+// "container" when an admission failed on one. Error is for people and
+// keeps the device manager's (the kubelet's) wording; Reason, one of the
+// reason* constants, is for programs.
 type errorResponse struct {
 	Error     string `json:"error"`
 	Container string `json:"container,omitempty"`
@@ -150,18 +153,20 @@ type errorResponse struct {
 
 // Reasons of errorResponse.
 const (
-	reasonInvalidPod          = "InvalidPod"            // 422: the body is not a pod devmgr can admit
-	reasonRequestChanged      = "RequestChanged"        // 422: an admitted UID with other device requests
-	reasonDevicesUnavailable  = "DevicesUnavailable"    // 409: not enough healthy free devices, or none registered
-	reasonAdmissionInProgress = "AdmissionInProgress"   // 409: the same pod is being admitted
-	reasonTopologyAffinity    = "TopologyAffinityError" // 409: the topology policy refused the container (the kubelet's reason)
-	reasonPluginFailed        = "PluginFailed"          // 502: a plugin call failed
-	reasonPluginUnavailable   = "PluginUnavailable"     // 503: the resource's plugin is gone
-	reasonPluginNotReady      = "PluginNotReady"        // 503 with Retry-After: the resource's plugin is not back yet; retry
-	reasonTimeout             = "Timeout"               // 504
-	reasonNotFound            = "NotFound"              // 404
-	reasonMethodNotAllowed    = "MethodNotAllowed"      // 405
-	reasonInternal            = "Internal"              // 500
+	reasonBadRequest            = "BadRequest"            // 400: the body does not decode into a Pod (not JSON or YAML, a field unknown or of the wrong type)
+	reasonRequestEntityTooLarge = "RequestEntityTooLarge" // 413: the body is over maxPodBytes
+	reasonInvalidPod            = "InvalidPod"            // 422: a Pod devmgr cannot admit as written (another kind, no containers, too many, a fractional device count)
+	reasonRequestChanged        = "RequestChanged"        // 422: an admitted UID with other device requests
+	reasonDevicesUnavailable    = "DevicesUnavailable"    // 409: not enough healthy free devices, or none registered
+	reasonAdmissionInProgress   = "AdmissionInProgress"   // 409: the same pod is being admitted
+	reasonTopologyAffinity      = "TopologyAffinityError" // 409: the topology policy refused the container (the kubelet's reason)
+	reasonPluginFailed          = "PluginFailed"          // 502: a plugin call failed
+	reasonPluginUnavailable     = "PluginUnavailable"     // 503: the resource's plugin is gone
+	reasonPluginNotReady        = "PluginNotReady"        // 503 with Retry-After: the resource's plugin is not back yet; retry
+	reasonTimeout               = "Timeout"               // 504
+	reasonNotFound              = "NotFound"              // 404
+	reasonMethodNotAllowed      = "MethodNotAllowed"      // 405
+	reasonInternal              = "Internal"              // 500
 )
 
 func toStatusResponse(resources []devicemanager.ResourceStatus, mgr managerJSON) statusResponse {

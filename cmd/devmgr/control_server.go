@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,8 +24,17 @@ import (
 	"github.com/openkubelet/devmgr/topology/policy"
 )
 
-// maxPodBytes bounds a request body.
+// maxPodBytes bounds a request body: 4 MiB, a little more than the API
+// server's 3 MiB for a request and far more than any pod.
 const maxPodBytes = 4 << 20
+
+// maxPodContainers bounds the init and app containers of a pod together.
+// Neither the API server nor the kubelet sets a number (a pod stored in
+// etcd can have thousands of small ones); real pods have a few, seldom
+// dozens. Each container costs an admission an allocation, a checkpoint
+// entry and a line of the pods file, so a number far above any real pod
+// still keeps one request's work bounded.
+const maxPodContainers = 1000
 
 // notReadyRetryAfter is the Retry-After of an admission refused because a
 // resource's plugin is not ready: plugins register again within seconds of
@@ -100,7 +110,17 @@ func (s *controlServer) getPod(w http.ResponseWriter, r *http.Request) {
 // admit admits the pod in the body: every init container then every app
 // container, in order. A pod admitted already gets its first answer again.
 func (s *controlServer) admit(w http.ResponseWriter, r *http.Request) {
+	if r.ContentLength > maxPodBytes {
+		// Answered before reading: a client that says how much it sends
+		// learns at once that it is too much.
+		writeJSON(w, http.StatusRequestEntityTooLarge, tooLarge().response())
+		return
+	}
 	pod, err := decodePod(http.MaxBytesReader(w, r.Body, maxPodBytes))
+	if be := (*bodyError)(nil); errors.As(err, &be) {
+		writeJSON(w, be.code, be.response())
+		return
+	}
 	if err != nil {
 		writeJSON(w, http.StatusUnprocessableEntity, errorResponse{Error: err.Error(), Reason: reasonInvalidPod})
 		return
@@ -119,27 +139,28 @@ func (s *controlServer) admit(w http.ResponseWriter, r *http.Request) {
 			known = true
 		}
 	}
-	ns := pod.Namespace
-	if ns == "" {
-		ns = "default" // as Admit defaults it
-	}
-	log := s.log.WithValues("pod", klog.KRef(ns, pod.Name))
+	log := podLogger(s.log, pod.Namespace, pod.Name, pod.UID)
 	a, err := s.admitter.Admit(r.Context(), pod)
 	if err != nil {
 		code, resp := admissionError(err)
-		log.Info("Refused pod", "podUID", pod.UID, "containerName", resp.Container, "err", resp.Error)
+		if resp.Container != "" {
+			log = log.WithValues("containerName", resp.Container)
+		}
+		log.Info("Refused pod", "err", resp.Error)
 		if resp.Reason == reasonPluginNotReady {
 			w.Header().Set("Retry-After", strconv.Itoa(int(notReadyRetryAfter/time.Second)))
 		}
 		writeJSON(w, code, resp)
 		return
 	}
+	// The UID may be the one Admit generated.
+	log = podLogger(s.log, a.Namespace, a.Name, a.UID)
 	if !known && s.record != nil {
 		if err := s.record(); err != nil {
 			// A pod that would not come back after a restart must not hold
 			// devices now.
 			s.admitter.Release(a.UID)
-			log.Error(err, "Refused pod: cannot save the admitted pods", "podUID", a.UID)
+			log.Error(err, "Refused pod: cannot save the admitted pods")
 			writeJSON(w, http.StatusInternalServerError, errorResponse{
 				Error:  fmt.Sprintf("admission undone: %v", err),
 				Reason: reasonInternal,
@@ -148,7 +169,7 @@ func (s *controlServer) admit(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if !known {
-		log.Info("Admitted pod", "podUID", a.UID, "devices", deviceSummary(a.Containers))
+		log.Info("Admitted pod", "devices", deviceSummary(a.Containers))
 	}
 	writeJSON(w, http.StatusOK, toAdmissionResponse(*a))
 }
@@ -160,7 +181,7 @@ func (s *controlServer) release(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, podNotFound(uid))
 		return
 	}
-	log := s.log.WithValues("pod", klog.KRef(a.Namespace, a.Name), "podUID", uid)
+	log := podLogger(s.log, a.Namespace, a.Name, a.UID)
 	if s.record != nil {
 		if err := s.record(); err != nil {
 			log.Error(err, "Released pod, but cannot save the admitted pods")
@@ -179,34 +200,131 @@ func podNotFound(uid string) errorResponse {
 	return errorResponse{Error: fmt.Sprintf("pod %q is not admitted", uid), Reason: reasonNotFound}
 }
 
+// podLogger returns log naming the pod by what it has: a pod sent without a
+// name or a UID is not logged as "default/" or with an empty UID.
+func podLogger(log klog.Logger, namespace, name string, uid types.UID) klog.Logger {
+	if name != "" {
+		if namespace == "" {
+			namespace = "default" // as Admit defaults it
+		}
+		log = log.WithValues("pod", klog.KRef(namespace, name))
+	}
+	if uid != "" {
+		log = log.WithValues("podUID", uid)
+	}
+	return log
+}
+
+// bodyError is a request body that is not a pod at all: one that does not
+// decode (400) or is too large (413). A pod that decodes but cannot be
+// admitted as written is an ErrInvalidPod instead (422).
+type bodyError struct {
+	code   int
+	reason string
+	msg    string
+}
+
+func (e *bodyError) Error() string { return e.msg }
+
+func (e *bodyError) response() errorResponse { return errorResponse{Error: e.msg, Reason: e.reason} }
+
+func badRequest(format string, args ...any) *bodyError {
+	return &bodyError{code: http.StatusBadRequest, reason: reasonBadRequest, msg: fmt.Sprintf(format, args...)}
+}
+
+func tooLarge() *bodyError {
+	return &bodyError{
+		code:   http.StatusRequestEntityTooLarge,
+		reason: reasonRequestEntityTooLarge,
+		msg:    fmt.Sprintf("the request body is larger than %d bytes (%d MiB), the most a pod may take", maxPodBytes, maxPodBytes>>20),
+	}
+}
+
 // decodePod reads a Pod written as JSON or YAML. Unknown and duplicate
 // fields are refused, so that a misspelt "resources" does not silently admit
-// a pod without devices.
+// a pod without devices. Its errors are a *bodyError or wrap
+// podadmit.ErrInvalidPod.
 func decodePod(r io.Reader) (*v1.Pod, error) {
 	body, err := io.ReadAll(r)
 	if err != nil {
 		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-			return nil, fmt.Errorf("the pod is larger than %d bytes", mbe.Limit)
+			return nil, tooLarge()
 		}
-		return nil, fmt.Errorf("read the pod: %w", err)
+		return nil, badRequest("read the pod: %v", err)
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
-		return nil, errors.New("no pod: the request body is empty; send a Pod as JSON or YAML")
+		return nil, badRequest("no pod: the request body is empty; send a Pod as JSON or YAML")
 	}
 	pod := &v1.Pod{}
 	if err := yaml.UnmarshalStrict(body, pod); err != nil {
-		return nil, fmt.Errorf("not a Pod in JSON or YAML: %w", err)
+		return nil, badRequest("%s", decodeError(body, err))
 	}
 	if pod.Kind != "" && pod.Kind != "Pod" {
-		return nil, fmt.Errorf("kind is %q, want Pod", pod.Kind)
+		return nil, fmt.Errorf("%w: kind is %q, want Pod", podadmit.ErrInvalidPod, pod.Kind)
 	}
 	if pod.APIVersion != "" && pod.APIVersion != "v1" {
-		return nil, fmt.Errorf("apiVersion is %q, want v1", pod.APIVersion)
+		return nil, fmt.Errorf("%w: apiVersion is %q, want v1", podadmit.ErrInvalidPod, pod.APIVersion)
+	}
+	if n := len(pod.Spec.InitContainers) + len(pod.Spec.Containers); n > maxPodContainers {
+		return nil, fmt.Errorf("%w: the pod has %d containers (init and app together); devmgr admits at most %d",
+			podadmit.ErrInvalidPod, n, maxPodContainers)
 	}
 	if err := wholeDeviceCounts(pod); err != nil {
 		return nil, err
 	}
 	return pod, nil
+}
+
+// decodeError says why body, which failed to decode into a Pod with err, is
+// not one: it is not JSON or YAML at all, or a field has the wrong type or is
+// unknown to a Pod. The decoder's own wording ("error converting YAML to
+// JSON", Go type names) speaks of how devmgr reads the body, not of the body.
+func decodeError(body []byte, err error) string {
+	if _, syntaxErr := yaml.YAMLToJSONStrict(body); syntaxErr != nil {
+		return "not JSON or YAML: " + syntaxErr.Error()
+	}
+	if te := (*json.UnmarshalTypeError)(nil); errors.As(err, &te) && te.Field != "" {
+		return fmt.Sprintf("not a Pod: %s is %s, want %s", te.Field, jsonValue(te.Value), jsonKind(te.Type))
+	}
+	for inner := errors.Unwrap(err); inner != nil; inner = errors.Unwrap(inner) {
+		err = inner // the innermost: the JSON decoder's, without the wrappers' prefixes
+	}
+	return "not a Pod: " + strings.TrimPrefix(err.Error(), "json: ")
+}
+
+// jsonValue names a JSON value as json.UnmarshalTypeError's Value does.
+func jsonValue(v string) string {
+	switch v {
+	case "array":
+		return "a list"
+	case "object":
+		return "an object"
+	case "bool":
+		return "true or false"
+	}
+	return "a " + v // number, string
+}
+
+// jsonKind names the JSON value a field of type t takes.
+func jsonKind(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Slice, reflect.Array:
+		return "a list"
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64,
+		reflect.Float32, reflect.Float64:
+		return "a number"
+	}
+	return "another type"
 }
 
 // wholeDeviceCounts refuses a fractional limit of an extended resource

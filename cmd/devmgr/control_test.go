@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -19,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2/textlogger"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/openkubelet/devmgr/devicemanager"
@@ -94,9 +96,26 @@ func newControlHarness(t *testing.T, devices []*pluginapi.Device, opts ...func(*
 // expect sends a request and checks the answer's status code and JSON.
 func (h *controlHarness) expect(t *testing.T, method, path, body string, code int, wantJSON string) {
 	t.Helper()
-	gotCode, raw := h.api.do(method, path, []byte(body))
-	assert.Equal(t, code, gotCode, "%s %s: %s", method, path, raw)
+	req, err := http.NewRequest(method, h.api.base+path, strings.NewReader(body))
+	require.NoError(t, err)
+	resp, err := h.api.client.Do(req)
+	require.NoError(t, err, "%s %s", method, path)
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, resp.Body.Close())
+	require.NoError(t, err)
+	assert.Equal(t, code, resp.StatusCode, "%s %s: %s", method, path, raw)
+	assert.Equal(t, "application/json", resp.Header.Get("Content-Type"), "%s %s", method, path)
 	assert.JSONEq(t, wantJSON, string(raw), "%s %s", method, path)
+}
+
+// manyContainers returns pod "many" with n containers, none asking for
+// devices.
+func manyContainers(n int) string {
+	containers := make([]string, n)
+	for i := range containers {
+		containers[i] = fmt.Sprintf(`{"name":"c%d"}`, i)
+	}
+	return `{"metadata":{"name":"many","uid":"many"},"spec":{"containers":[` + strings.Join(containers, ",") + `]}}`
 }
 
 // The JSON of every endpoint, field by field, for a pod with an init
@@ -192,12 +211,26 @@ func TestControlAPIErrors(t *testing.T) {
 		code                     int
 		want                     string
 	}{
-		{"empty body", http.MethodPost, pathPods, "", http.StatusUnprocessableEntity,
-			`{"error":"no pod: the request body is empty; send a Pod as JSON or YAML","reason":"InvalidPod"}`},
+		{"empty body", http.MethodPost, pathPods, "", http.StatusBadRequest,
+			`{"error":"no pod: the request body is empty; send a Pod as JSON or YAML","reason":"BadRequest"}`},
+		{"malformed JSON", http.MethodPost, pathPods, `{"metadata": {"name": "p"`, http.StatusBadRequest,
+			`{"error":"not JSON or YAML: yaml: line 1: did not find expected ',' or '}'","reason":"BadRequest"}`},
+		{"malformed YAML", http.MethodPost, pathPods, "spec: [", http.StatusBadRequest,
+			`{"error":"not JSON or YAML: yaml: line 1: did not find expected node content","reason":"BadRequest"}`},
+		{"duplicate field", http.MethodPost, pathPods, "metadata: {name: p}\nmetadata: {name: q}\n", http.StatusBadRequest,
+			`{"error":"not JSON or YAML: yaml: unmarshal errors:\n  line 2: key \"metadata\" already set in map","reason":"BadRequest"}`},
+		{"field of the wrong type", http.MethodPost, pathPods, `{"spec": {"containers": 1}}`, http.StatusBadRequest,
+			`{"error":"not a Pod: spec.containers is a number, want a list","reason":"BadRequest"}`},
+		{"unknown field", http.MethodPost, pathPods, "spec:\n  containers:\n  - name: c\n    resource: {}\n", http.StatusBadRequest,
+			`{"error":"not a Pod: unknown field \"resource\"","reason":"BadRequest"}`},
+		{"too many containers", http.MethodPost, pathPods, manyContainers(maxPodContainers + 1), http.StatusUnprocessableEntity,
+			`{"error":"invalid pod: the pod has 1001 containers (init and app together); devmgr admits at most 1000","reason":"InvalidPod"}`},
+		{"kind", http.MethodPost, pathPods, "kind: Deployment", http.StatusUnprocessableEntity,
+			`{"error":"invalid pod: kind is \"Deployment\", want Pod","reason":"InvalidPod"}`},
 		{"no containers", http.MethodPost, pathPods, "metadata: {name: p}", http.StatusUnprocessableEntity,
 			`{"error":"invalid pod: spec.containers is empty","reason":"InvalidPod"}`},
 		{"apiVersion", http.MethodPost, pathPods, "apiVersion: apps/v1\nkind: Pod", http.StatusUnprocessableEntity,
-			`{"error":"apiVersion is \"apps/v1\", want v1","reason":"InvalidPod"}`},
+			`{"error":"invalid pod: apiVersion is \"apps/v1\", want v1","reason":"InvalidPod"}`},
 		{"fractional devices", http.MethodPost, pathPods, pod("half", `"example.com/gpu":"500m"`), http.StatusUnprocessableEntity,
 			`{"error":"invalid pod: container \"c\": the limit of example.com/gpu must be a whole number, not 500m","reason":"InvalidPod"}`},
 		{"devices short", http.MethodPost, pathPods, pod("short", `"example.com/gpu":2`), http.StatusConflict,
@@ -220,17 +253,28 @@ func TestControlAPIErrors(t *testing.T) {
 		})
 	}
 
-	t.Run("malformed and oversized bodies", func(t *testing.T) {
-		for body, want := range map[string]string{
-			"spec: [":                          "not a Pod in JSON or YAML: ",
-			`{"spec": {"containers": 1}}`:      "not a Pod in JSON or YAML: ",
-			strings.Repeat("#", maxPodBytes+1): fmt.Sprintf("the pod is larger than %d bytes", maxPodBytes),
-		} {
-			code, raw := h.api.do(http.MethodPost, pathPods, []byte(body))
-			assert.Equal(t, http.StatusUnprocessableEntity, code)
-			assert.Contains(t, string(raw), want)
-			assert.Contains(t, string(raw), `"reason": "InvalidPod"`)
-		}
+	t.Run("oversized bodies", func(t *testing.T) {
+		want := fmt.Sprintf(`{"error":"the request body is larger than %d bytes (4 MiB), the most a pod may take","reason":"RequestEntityTooLarge"}`, maxPodBytes)
+		// Said by its length, refused before it is read.
+		h.expect(t, http.MethodPost, pathPods, strings.Repeat("#", maxPodBytes+1), http.StatusRequestEntityTooLarge, want)
+		// Sent without a length, refused once the limit is read.
+		req, err := http.NewRequest(http.MethodPost, h.api.base+pathPods, io.MultiReader(strings.NewReader(strings.Repeat("#", maxPodBytes+1))))
+		require.NoError(t, err)
+		require.Zero(t, req.ContentLength, "a length the client does not know: the body goes chunked")
+		resp, err := h.api.client.Do(req)
+		require.NoError(t, err)
+		raw, err := io.ReadAll(resp.Body)
+		require.NoError(t, resp.Body.Close())
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
+		assert.JSONEq(t, want, string(raw))
+	})
+
+	t.Run("the most containers a pod may have", func(t *testing.T) {
+		code, raw := h.api.do(http.MethodPost, pathPods, []byte(manyContainers(maxPodContainers)))
+		require.Equal(t, http.StatusOK, code, string(raw))
+		code, raw = h.api.do(http.MethodDelete, pathPods+"/many", nil)
+		require.Equal(t, http.StatusOK, code, string(raw))
 	})
 
 	t.Run("plugin failure", func(t *testing.T) {
@@ -312,4 +356,31 @@ func TestAdmissionErrorCodes(t *testing.T) {
 			assert.Equal(t, tc.err.Error(), resp.Error)
 		}
 	}
+}
+
+// A refusal names the pod by what it was sent with: a pod without a name or
+// a UID is not logged as pod="default/" podUID="".
+func TestControlAPILogsThePodAsSent(t *testing.T) {
+	h := newControlHarness(t, gpus(1))
+	var logs syncBuffer
+	cs := &controlServer{status: h.mgr.Status, admitter: h.admitter, log: textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(&logs)))}
+	srv := httptest.NewServer(cs.handler())
+	t.Cleanup(srv.Close)
+	api := newAPIClient(t, srv.URL)
+
+	code, raw := api.do(http.MethodPost, pathPods, []byte(`{}`))
+	require.Equal(t, http.StatusUnprocessableEntity, code, string(raw))
+	code, raw = api.do(http.MethodPost, pathPods, []byte(`{"metadata":{"name":"p","uid":"u1"}}`))
+	require.Equal(t, http.StatusUnprocessableEntity, code, string(raw))
+	code, raw = api.do(http.MethodPost, pathPods, []byte(`{"spec":{"containers":[{"name":"c"}]}}`))
+	require.Equal(t, http.StatusOK, code, string(raw))
+
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	require.Len(t, lines, 3, logs.String())
+	assert.Contains(t, lines[0], `"Refused pod" err="invalid pod: spec.containers is empty"`)
+	assert.NotContains(t, lines[0], "pod=", "no name, no pod")
+	assert.NotContains(t, lines[0], "podUID=", "no UID, no podUID")
+	assert.Contains(t, lines[1], `pod="default/p" podUID="u1"`)
+	assert.Regexp(t, `"Admitted pod" podUID="[0-9a-f-]{36}" devices=\[\]`, lines[2], "the UID Admit generated")
+	assert.NotContains(t, lines[2], "pod=")
 }

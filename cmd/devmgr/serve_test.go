@@ -313,8 +313,13 @@ func TestCommandErrors(t *testing.T) {
 			want []string
 		}{
 			// Every refusal exits exitRefused.
-			{"malformed pod file", "spec: [", []string{"not a Pod in JSON or YAML", "(422 Unprocessable Entity)"}},
-			{"unknown field", "spec:\n  containers:\n  - name: c\n    resource: {}\n", []string{`unknown field "resource"`, "(422 Unprocessable Entity)"}},
+			{"malformed pod file", "spec: [", []string{"devmgr: not JSON or YAML: yaml: line 1: did not find expected node content (400 Bad Request)"}},
+			{"malformed JSON", `{"spec": {`, []string{"devmgr: not JSON or YAML: yaml: line 1: did not find expected node content (400 Bad Request)"}},
+			{"unknown field", "spec:\n  containers:\n  - name: c\n    resource: {}\n", []string{`devmgr: not a Pod: unknown field "resource" (400 Bad Request)`}},
+			{"pod file too large", strings.Repeat("#", maxPodBytes+1), []string{
+				"devmgr: the request body is larger than 4194304 bytes (4 MiB), the most a pod may take (413 Request Entity Too Large)"}},
+			{"too many containers", manyContainers(20000), []string{
+				"devmgr: invalid pod: the pod has 20000 containers (init and app together); devmgr admits at most 1000 (422 Unprocessable Entity)"}},
 			{"not a pod", "kind: Deployment\n", []string{`kind is "Deployment", want Pod`, "(422 Unprocessable Entity)"}},
 			{"no containers", "metadata: {name: p}\n", []string{"invalid pod: spec.containers is empty", "(422 Unprocessable Entity)"}},
 			{"devices short", pod(`"example.com/gpu":3`),
