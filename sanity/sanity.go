@@ -54,6 +54,10 @@ type Config struct {
 	// container (1 for a plugin of shared devices that refuses more).
 	// Default 2, the most any check asks for.
 	MaxDevicesPerContainer int
+	// Progress, when set, is told what the suite does as it goes: that it
+	// waits for a registration, which plugin registered, and each check as
+	// it starts and ends. It is called from the goroutine of Run.
+	Progress func(Progress)
 	// PodInfo, when set, is sent in the metadata of every Allocate,
 	// GetPreferredAllocation and PreStartContainer call, as a device manager
 	// with Options.SendPodInfo names the pod of the call, for plugins that
@@ -89,6 +93,26 @@ func (c Config) withDefaults() (Config, error) {
 		return c, errors.New("sanity: Config needs SocketDir, StartPlugin, or both")
 	}
 	return c, nil
+}
+
+// Progress is one step of a run; one field is set.
+type Progress struct {
+	// Waiting is the kubelet.sock the suite serves while it waits for a
+	// plugin to register.
+	Waiting string
+	// Registered is the resource name of the plugin that registered.
+	Registered string
+	// Started names a check that starts.
+	Started string
+	// Done is the result of a check that ended (or was skipped).
+	Done *Result
+}
+
+// progress tells cfg.Progress of p, if set.
+func (c Config) progress(p Progress) {
+	if c.Progress != nil {
+		c.Progress(p)
+	}
 }
 
 // Status is the outcome of one check.
@@ -147,8 +171,10 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	for _, c := range checks {
 		if s.cfg.Skip != nil && s.cfg.Skip.MatchString(c.name) {
 			rep.Results = append(rep.Results, Result{Name: c.name, Status: Skipped, Messages: []string{"skipped by the configuration"}})
+			s.cfg.progress(Progress{Done: &rep.Results[len(rep.Results)-1]})
 			continue
 		}
+		s.cfg.progress(Progress{Started: c.name})
 		s.follow()
 		r := &recorder{}
 		begin := time.Now()
@@ -159,6 +185,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		}()
 		<-done
 		rep.Results = append(rep.Results, Result{Name: c.name, Status: r.status(), Messages: r.msgs, Duration: time.Since(begin)})
+		s.cfg.progress(Progress{Done: &rep.Results[len(rep.Results)-1]})
 	}
 	s.follow()
 	rep.Resource, rep.Endpoint = s.reg.req.GetResourceName(), s.reg.req.GetEndpoint()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -55,6 +56,7 @@ func start(ctx context.Context, cfg Config) (*suite, error) {
 			return nil, fmt.Errorf("sanity: start the plugin: %w", err)
 		}
 	}
+	cfg.progress(Progress{Waiting: filepath.Join(s.cfg.SocketDir, "kubelet.sock")})
 	wctx, cancel := context.WithTimeout(ctx, cfg.RegisterTimeout)
 	defer cancel()
 	s.reg, err = s.k.wait(wctx, 0, func(r *registration) bool {
@@ -80,6 +82,7 @@ func start(ctx context.Context, cfg Config) (*suite, error) {
 	if s.reg.conn != nil {
 		s.watch = newWatch(s.reg)
 	}
+	cfg.progress(Progress{Registered: s.reg.req.GetResourceName()})
 	return s, nil
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"encoding/xml"
 	"errors"
 	"fmt"
@@ -33,6 +34,7 @@ type sanityOptions struct {
 	maxDevices        int
 	numaNodes         []int
 	podInfo           bool
+	quiet, asJSON     bool
 }
 
 // sanityPod is the pod that --pod-info names in the plugin calls.
@@ -55,9 +57,11 @@ re-created, as after a kubelet restart. At start and for the restart check
 it removes every unix socket in DIR, the plugin's too, as a starting kubelet
 does.
 
-At the end it prints one line per check (passed, failed or skipped, and how
-long it took), with the messages of each failed or skipped check under it,
-and the counts. --junit FILE also writes the results as JUnit XML, one test
+As it goes it says on stderr what it waits for and each check as it starts
+and ends (--quiet: nothing). At the end it prints one line per check (passed,
+failed or skipped, and how long it took), with the messages of each failed
+or skipped check under it, and the counts; --json prints the report as one
+JSON document instead. --junit FILE also writes the results as JUnit XML, one test
 case per check (and one failed "setup" case when no plugin could be
 checked). A failure names the rule and what the plugin sent.
 list-and-watch/update is always skipped here: it needs a way to make the
@@ -95,6 +99,8 @@ regular expression); 4 no plugin (or none for --resource) registered within
 	f.DurationVar(&o.preStartTimeout, "prestart-timeout", 30*time.Second, "how long PreStartContainer may take (the kubelet's 30s)")
 	f.IntVar(&o.parallel, "parallel", 8, "how many Allocate calls the concurrency check makes at once")
 	f.IntVar(&o.maxDevices, "max-devices-per-container", 2, "the most devices the plugin gives one container: 1 for a plugin of shared devices that refuses more")
+	f.BoolVarP(&o.quiet, "quiet", "q", false, "say nothing while the checks run; print only the results")
+	f.BoolVar(&o.asJSON, "json", false, "print the results as one JSON document: {resource, endpoint, results: [{name, status, messages, duration}]}")
 	f.BoolVar(&o.podInfo, "pod-info", false, "name a pod (sanity/sanity-pod, container sanity) in the metadata of every Allocate, GetPreferredAllocation and PreStartContainer call, as devmgr serve --send-pod-info does, for plugins that read it")
 	f.IntSliceVar(&o.numaNodes, "numa-nodes", nil, "the NUMA node ids a device's topology may name, such as 0,1 for a plugin that reports the nodes of the machine it will run on (default: this machine's)")
 	if err := cmd.MarkFlagRequired("socket-dir"); err != nil {
@@ -126,6 +132,9 @@ func runSanity(cmd *cobra.Command, o *sanityOptions) error {
 	if err != nil {
 		return withExitCode(exitUsage, err)
 	}
+	if !o.quiet {
+		cfg.Progress = sanityProgress(cmd.ErrOrStderr(), cfg.RegisterTimeout)
+	}
 	// Interrupted, the suite still removes kubelet.sock.
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -143,7 +152,14 @@ func runSanity(cmd *cobra.Command, o *sanityOptions) error {
 		}
 		return err
 	}
-	counts := writeSanityText(cmd.OutOrStdout(), cfg.SocketDir, rep)
+	var counts map[sanity.Status]int
+	if o.asJSON {
+		if counts, err = writeSanityJSON(cmd.OutOrStdout(), rep); err != nil {
+			return err
+		}
+	} else {
+		counts = writeSanityText(cmd.OutOrStdout(), cfg.SocketDir, rep)
+	}
 	if o.junit != "" {
 		if err := writeJUnitFile(o.junit, rep); err != nil {
 			return err
@@ -196,6 +212,59 @@ func (o *sanityOptions) config() (sanity.Config, error) {
 		cfg.PodInfo = &sanityPod
 	}
 	return cfg, nil
+}
+
+// sanityProgress returns the Progress of a run that writes a line to w for
+// the wait, the registration and each check: its name as it starts, its
+// status and duration as it ends.
+func sanityProgress(w io.Writer, registerTimeout time.Duration) func(sanity.Progress) {
+	return func(p sanity.Progress) {
+		switch {
+		case p.Waiting != "":
+			fmt.Fprintf(w, "Waiting up to %s for a device plugin to register on %s\n", registerTimeout, p.Waiting)
+		case p.Registered != "":
+			fmt.Fprintf(w, "Registered: %s\n", p.Registered)
+		case p.Started != "":
+			fmt.Fprintf(w, "%s ... ", p.Started)
+		case p.Done != nil && p.Done.Status == sanity.Skipped && len(p.Done.Messages) > 0 &&
+			p.Done.Messages[0] == "skipped by the configuration":
+			fmt.Fprintf(w, "%s ... skipped (--skip)\n", p.Done.Name)
+		case p.Done != nil:
+			fmt.Fprintf(w, "%s (%s)\n", p.Done.Status, p.Done.Duration.Round(time.Millisecond))
+		}
+	}
+}
+
+// sanityJSON is the report --json prints.
+type sanityJSON struct {
+	Resource string             `json:"resource"`
+	Endpoint string             `json:"endpoint"`
+	Results  []sanityResultJSON `json:"results"`
+}
+
+type sanityResultJSON struct {
+	Name     string   `json:"name"`
+	Status   string   `json:"status"`
+	Messages []string `json:"messages"`
+	Duration string   `json:"duration"`
+}
+
+// writeSanityJSON prints rep as one JSON document and returns the count of
+// each status.
+func writeSanityJSON(w io.Writer, rep sanity.Report) (map[sanity.Status]int, error) {
+	counts := map[sanity.Status]int{}
+	out := sanityJSON{Resource: rep.Resource, Endpoint: rep.Endpoint, Results: []sanityResultJSON{}}
+	for _, r := range rep.Results {
+		counts[r.Status]++
+		out.Results = append(out.Results, sanityResultJSON{Name: r.Name, Status: string(r.Status),
+			Messages: append([]string{}, r.Messages...), Duration: r.Duration.Round(time.Millisecond).String()})
+	}
+	b, err := json.MarshalIndent(out, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	_, err = fmt.Fprintf(w, "%s\n", b)
+	return counts, err
 }
 
 // writeSanityText writes the summary: the plugin checked, one line per

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"encoding/xml"
 	"fmt"
 	"os"
@@ -134,7 +135,14 @@ func TestSanityCommandCorrectPlugin(t *testing.T) {
 	startNodePlugin(t, dir, nil, nil)
 	res := devmgr(t, "", "sanity", "--socket-dir", dir, "--register-timeout", "10s", "--reregister-timeout", "10s")
 	require.Equal(t, exitOK, res.code, "stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
-	assert.Empty(t, res.stderr)
+	// While it runs, stderr says what it waits for and each check.
+	progress := strings.Split(strings.TrimSuffix(res.stderr, "\n"), "\n")
+	require.Len(t, progress, 2+len(sanity.Checks()), res.stderr)
+	assert.Equal(t, "Waiting up to 10s for a device plugin to register on "+filepath.Join(dir, "kubelet.sock"), progress[0])
+	assert.Equal(t, "Registered: example.com/gpu", progress[1])
+	for i, name := range sanity.Checks() {
+		assert.Regexp(t, "^"+regexp.QuoteMeta(name)+` \.\.\. (passed|skipped) \(\S+\)$`, progress[2+i])
+	}
 
 	names, status, messages := sanityTable(t, res.stdout)
 	assert.Equal(t, sanity.Checks(), names)
@@ -159,7 +167,7 @@ func TestSanityCommandBrokenPlugin(t *testing.T) {
 		r.ContainerResponses[0].Mounts[0].ContainerPath = "run/gpu"
 	})
 	junit := filepath.Join(dir, "sanity.xml")
-	res := devmgr(t, "", "sanity", "--socket-dir", dir, "--junit", junit, "--register-timeout", "10s", "--reregister-timeout", "10s")
+	res := devmgr(t, "", "sanity", "--quiet", "--socket-dir", dir, "--junit", junit, "--register-timeout", "10s", "--reregister-timeout", "10s")
 	require.Equal(t, exitFailure, res.code, "stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
 	assert.Equal(t, fmt.Sprintf("devmgr: 2 of %d checks failed\n", len(sanity.Checks())), res.stderr)
 
@@ -248,7 +256,7 @@ func TestSanityCommandSkip(t *testing.T) {
 func TestSanityCommandExitCodes(t *testing.T) {
 	dir := shortTempDir(t)
 	junit := filepath.Join(dir, "sanity.xml")
-	res := devmgr(t, "", "sanity", "--socket-dir", dir, "--register-timeout", "300ms", "--junit", junit)
+	res := devmgr(t, "", "sanity", "--quiet", "--socket-dir", dir, "--register-timeout", "300ms", "--junit", junit)
 	assert.Equal(t, exitNotFound, res.code, res.stderr)
 	assert.Equal(t, "devmgr: sanity: a device plugin did not register in "+dir+" within 300ms\n", res.stderr)
 	assert.Empty(t, res.stdout)
@@ -344,4 +352,29 @@ func TestSanityHelpListsTheChecks(t *testing.T) {
 	require.True(t, found, res.stdout)
 	list, _, _ = strings.Cut(list, "\n\n")
 	assert.Equal(t, sanity.Checks(), strings.Fields(list))
+}
+
+// --quiet says nothing while the checks run, and --json prints the report as
+// one document.
+func TestSanityCommandQuietAndJSON(t *testing.T) {
+	dir := shortTempDir(t)
+	startNodePlugin(t, dir, nil, nil)
+	res := devmgr(t, "", "sanity", "--socket-dir", dir, "--register-timeout", "10s", "--skip", "^restart/", "--quiet", "--json")
+	require.Equal(t, exitOK, res.code, "stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
+	assert.Empty(t, res.stderr)
+	var rep struct {
+		Resource, Endpoint string
+		Results            []struct{ Name, Status, Duration string }
+	}
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &rep), res.stdout)
+	assert.Equal(t, "example.com/gpu", rep.Resource)
+	require.Len(t, rep.Results, len(sanity.Checks()))
+	for i, r := range rep.Results {
+		assert.Equal(t, sanity.Checks()[i], r.Name)
+		want := "passed"
+		if strings.HasPrefix(r.Name, "restart/") || r.Name == "list-and-watch/update" {
+			want = "skipped"
+		}
+		assert.Equal(t, want, r.Status, r.Name)
+	}
 }
