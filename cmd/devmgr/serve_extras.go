@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -39,7 +40,7 @@ func (o *extraOptions) addFlags(f *pflag.FlagSet) {
 	f.StringVar(&o.podresourcesSocket, "podresources-socket", "", "serve the kubelet's podresources v1 API (List, GetAllocatableResources, Get) for the admitted pods on this unix socket (default: not served; the kubelet uses /var/lib/kubelet/pod-resources/kubelet.sock)")
 	f.Float64Var(&o.podresourcesQPS, "podresources-qps", podresources.DefaultQPS, "podresources calls allowed per second, on average; calls over the limit fail with ResourceExhausted (0 or less: no limit)")
 	f.IntVar(&o.podresourcesBurst, "podresources-burst", podresources.DefaultBurst, "podresources calls allowed at once, above --podresources-qps")
-	f.StringVar(&o.metricsAddress, "metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, such as 127.0.0.1:9400 (port 0 picks a free port; the bound address is logged; default: not served)")
+	f.StringVar(&o.metricsAddress, "metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, such as 127.0.0.1:9400, and probes: /healthz answers 200 while serve runs, /readyz 200 once the checkpoint is read and the sockets serve, 503 before and after (port 0 picks a free port; the bound address is logged; default: not served)")
 	f.StringVar(&o.topologyPolicy, "topology-policy", policy.None, "the topology manager policy applied to admissions: none, best-effort, restricted or single-numa-node (hints from the device manager, over --numa-nodes); the chosen NUMA affinity aligns the allocation")
 	f.StringVar(&o.topologyScope, "topology-scope", scopeContainer, "the scope of --topology-policy: container (each container aligned on its own, as it is admitted) or pod (one affinity for all of a pod's containers, from their requests together), as the kubelet's --topology-manager-scope")
 	f.StringVar(&o.pluginsRegistryDir, "plugins-registry-dir", "", "also accept plugins that register through the pluginregistration protocol in this directory, as the kubelet's /var/lib/kubelet/plugins_registry (default: only kubelet.sock)")
@@ -153,7 +154,50 @@ type extras struct {
 	log          klog.Logger
 }
 
-func startExtras(cfg serveConfig, mgr *devicemanager.ManagerImpl, adm *podadmit.Admitter, logger klog.Logger) (_ *extras, err error) {
+// readiness is what /readyz reports: ready while the control socket serves
+// (it starts once the checkpoint and the admitted pods are read and the
+// other sockets serve, and stops first at shutdown) and the manager's
+// registration server serves.
+type readiness struct {
+	serving atomic.Bool
+	health  func() error // the manager's HealthCheck
+}
+
+func (r *readiness) check() error {
+	if !r.serving.Load() {
+		return errors.New("the control socket is not serving")
+	}
+	return r.health()
+}
+
+// metricsHandler serves /metrics of reg and the probes, whose bodies are
+// short text as the kubelet's /healthz.
+func metricsHandler(reg *prometheus.Registry, ready func() error) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeText(w, http.StatusOK, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := ready(); err != nil {
+			writeText(w, http.StatusServiceUnavailable, "not ready: "+err.Error())
+			return
+		}
+		writeText(w, http.StatusOK, "ok")
+	})
+	return mux
+}
+
+func writeText(w http.ResponseWriter, code int, text string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(code)
+	_, _ = fmt.Fprintln(w, text)
+}
+
+// startExtras starts the podresources server and the metrics server; ready
+// is what /readyz reports.
+func startExtras(cfg serveConfig, mgr *devicemanager.ManagerImpl, adm *podadmit.Admitter, ready func() error, logger klog.Logger) (_ *extras, err error) {
 	ex := &extras{log: logger}
 	defer func() {
 		if err != nil {
@@ -180,9 +224,7 @@ func startExtras(cfg serveConfig, mgr *devicemanager.ManagerImpl, adm *podadmit.
 		if err != nil {
 			return nil, fmt.Errorf("--metrics-address: %w", err)
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(cfg.metrics, promhttp.HandlerOpts{}))
-		ex.metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		ex.metrics = &http.Server{Handler: metricsHandler(cfg.metrics, ready), ReadHeaderTimeout: 10 * time.Second}
 		ex.done = make(chan struct{})
 		go func() {
 			defer close(ex.done)
@@ -190,7 +232,8 @@ func startExtras(cfg serveConfig, mgr *devicemanager.ManagerImpl, adm *podadmit.
 				logger.Error(err, "Metrics server stopped")
 			}
 		}()
-		logger.Info("Serving metrics", "address", lis.Addr().String(), "url", "http://"+lis.Addr().String()+"/metrics")
+		base := "http://" + lis.Addr().String()
+		logger.Info("Serving metrics", "address", lis.Addr().String(), "url", base+"/metrics", "healthz", base+"/healthz", "readyz", base+"/readyz")
 	}
 	return ex, nil
 }

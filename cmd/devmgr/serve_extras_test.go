@@ -1,9 +1,13 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -14,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -320,4 +325,98 @@ func numa(n int64) *pluginapi.TopologyInfo {
 func gpuPod(uid string, gpus int) string {
 	return `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"` + uid + `","uid":"` + uid + `"},
 "spec":{"containers":[{"name":"main","resources":{"limits":{"example.com/gpu":"` + strconv.Itoa(gpus) + `"}}}]}}`
+}
+
+// /healthz answers ok while the metrics server serves; /readyz only while
+// the control socket serves and the manager's registration server does.
+func TestMetricsProbes(t *testing.T) {
+	h := newControlHarness(t, gpus(1))
+	ready := &readiness{health: h.mgr.HealthCheck}
+	srv := httptest.NewServer(metricsHandler(prometheus.NewRegistry(), ready.check))
+	t.Cleanup(srv.Close)
+	probe := func(path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(srv.URL + path)
+		require.NoError(t, err)
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, resp.Body.Close())
+		require.NoError(t, err)
+		assert.Equal(t, "text/plain; charset=utf-8", resp.Header.Get("Content-Type"), path)
+		return resp.StatusCode, string(body)
+	}
+	type answer struct {
+		code int
+		body string
+	}
+	check := func(path string, want answer) {
+		t.Helper()
+		code, body := probe(path)
+		assert.Equal(t, want, answer{code, body}, path)
+	}
+
+	check("/healthz", answer{http.StatusOK, "ok\n"})
+	check("/readyz", answer{http.StatusServiceUnavailable, "not ready: the control socket is not serving\n"})
+	ready.serving.Store(true)
+	check("/readyz", answer{http.StatusOK, "ok\n"})
+	h.mgr.Stop()
+	check("/readyz", answer{http.StatusServiceUnavailable, "not ready: device manager is stopped\n"})
+	check("/healthz", answer{http.StatusOK, "ok\n"})
+
+	resp, err := http.Post(srv.URL+"/readyz", "text/plain", nil)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	assert.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
+}
+
+// serve --metrics-address answers the probes: ready once it serves, not
+// ready as soon as it shuts down, while it still drains a request.
+func TestServeProbes(t *testing.T) {
+	dir := shortTempDir(t)
+	s := startServe(t, filepath.Join(dir, "ctl.sock"), "--socket-dir", filepath.Join(dir, "dp"), "--numa-nodes", "0",
+		"--metrics-address", "127.0.0.1:0")
+	s.waitLog("Serving metrics")
+	addr := regexp.MustCompile(`Serving metrics.*address="([^"]+)"`).FindStringSubmatch(s.log.String())
+	require.Len(t, addr, 2, s.log.String())
+	probe := func(path string) (int, string) {
+		resp, err := http.Get("http://" + addr[1] + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	code, body := probe("/healthz")
+	assert.Equal(t, http.StatusOK, code, body)
+	assert.Equal(t, "ok\n", body)
+	code, body = probe("/readyz")
+	assert.Equal(t, http.StatusOK, code, body)
+	assert.Equal(t, "ok\n", body)
+
+	// A request whose body never comes holds shutdown in its drain. The
+	// server's "100 Continue" says that its handler reads the body: the
+	// request is in hand, not waiting in the listener's queue.
+	conn, err := net.Dial("unix", s.ctl)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	_, err = io.WriteString(conn, "POST /v1/pods HTTP/1.1\r\nHost: devmgr\r\nContent-Length: 100\r\nExpect: 100-continue\r\n\r\n")
+	require.NoError(t, err)
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "HTTP/1.1 100 Continue\r\n", line)
+	require.NoError(t, s.cmd.Process.Signal(syscall.SIGTERM))
+	s.waitLog("Shutting down")
+	var last string
+	notReady := eventually(5*time.Second, s.exited, func() bool {
+		code, body := probe("/readyz")
+		last = fmt.Sprint(code, " ", body)
+		return code == http.StatusServiceUnavailable
+	})
+	require.True(t, notReady, "readyz while shutting down: %s", last)
+	assert.Equal(t, "503 not ready: the control socket is not serving\n", last)
+	code, body = probe("/healthz")
+	assert.Equal(t, http.StatusOK, code, "the process still serves: %s", body)
+	require.NoError(t, conn.Close())
+	assert.Equal(t, 0, s.wait(10*time.Second))
 }

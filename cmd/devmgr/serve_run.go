@@ -44,6 +44,8 @@ type server struct {
 	ctl  *ownedSocket
 	// extras are the optional servers: podresources and metrics.
 	extras *extras
+	// ready is what /readyz of the metrics server reports.
+	ready *readiness
 	// failed receives the control API's error if it stops serving on its own.
 	failed chan error
 	// cancel ends the watch loop, the publisher and every control
@@ -135,7 +137,8 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 	// now, so that status, pods and podresources agree from the first answer.
 	mgr.UpdateAllocatedDevices()
 
-	ex, err := startExtras(cfg, mgr, adm, logger)
+	ready := &readiness{health: mgr.HealthCheck}
+	ex, err := startExtras(cfg, mgr, adm, ready.check, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -167,6 +170,7 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 		},
 		ctl:    ctl,
 		extras: ex,
+		ready:  ready,
 		failed: make(chan error, 1),
 		cancel: cancel,
 	}
@@ -199,16 +203,19 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 			}
 		}()
 	}
+	// Connections the listener accepted meanwhile are served from now on.
+	ready.serving.Store(true)
 	logger.Info("Serving", "socketPath", filepath.Join(cfg.socketDir, devicemanager.KubeletSocketName), "controlSocket", cfg.controlSocket,
 		"checkpointDir", cfg.checkpointDir, "numaNodes", cfg.numaNodes, "topologyPolicy", cfg.policy.Name(), "topologyPodScope", cfg.podScope)
 	return s, nil
 }
 
-// shutdown removes the control socket if it is still the one the server
-// created, lets control requests finish (cancelling them if they take too
+// shutdown reports not ready on /readyz, removes the control socket if it
+// is still the one the server created, lets control requests finish (cancelling them if they take too
 // long), and stops the watch loop, the publisher and the manager. The
 // manager removes kubelet.sock; plugins' sockets are left alone.
 func (s *server) shutdown() error {
+	s.ready.serving.Store(false)
 	// Removed while the listener still holds the file, so that its inode
 	// cannot have been reused by another's socket.
 	rmErr := s.ctl.remove()
