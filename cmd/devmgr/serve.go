@@ -57,11 +57,14 @@ control socket is removed too. Allocations survive a restart on the same directo
 checkpoint keeps the devices and .devmgr-serve-pods.json, next to it, keeps
 the admitted pods.
 
-With --kubeconfig and --node-name, serve also publishes the device resources
-in that Node's status (capacity and allocatable, as a kubelet does, here by
+With --kubeconfig, serve also publishes the device resources in the status
+of Node --node-name (capacity and allocatable, as a kubelet does, here by
 server-side apply), so that the scheduler places pods asking for them: the device
 side of a node that has no kubelet. --register-node creates the Node if
 missing. Other fields of the node's status are left to their writers.
+--kubeconfig defaults to $KUBECONFIG: started where $KUBECONFIG is set, serve
+publishes to that cluster; --kubeconfig= publishes nothing. --node-name
+defaults to the host name, lower-cased, as the kubelet's.
 
 serve logs every registration, device update and capacity change, and runs
 until SIGINT or SIGTERM; then it removes its own sockets (never the plugins')
@@ -90,6 +93,7 @@ user running serve can use the control socket (mode 0600).`,
 			if !cmd.Flags().Changed("control-socket") {
 				o.controlSocket = os.Getenv(envControlSocket)
 			}
+			o.fromEnvironment(cmd.Flags(), os.Getenv) // --kubeconfig from $KUBECONFIG
 			return runServe(cmd.Context(), o, cmd.ErrOrStderr())
 		},
 	}

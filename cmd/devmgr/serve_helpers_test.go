@@ -25,6 +25,11 @@ import (
 	"github.com/openkubelet/devmgr/plugintest"
 )
 
+// serve publishes to the cluster of $KUBECONFIG when --kubeconfig is absent:
+// the tests, and the devmgr commands they run, never read the one of
+// whoever runs them. A test that wants it sets it.
+func init() { _ = os.Unsetenv(envKubeconfig) }
+
 // binary returns the devmgr binary that the package's TestMain built (with
 // the race detector when the tests run with it, so that a race in "devmgr
 // serve" fails its test: the process exits 66).
@@ -85,8 +90,16 @@ func startServe(t *testing.T, ctl string, args ...string) *serveProc {
 // launchServe starts "devmgr serve" without waiting for it.
 func launchServe(t *testing.T, ctl string, args ...string) *serveProc {
 	t.Helper()
+	return launchServeEnv(t, nil, ctl, args...)
+}
+
+// launchServeEnv starts "devmgr serve" with env (KEY=value) added to its
+// environment, without waiting for it.
+func launchServeEnv(t *testing.T, env []string, ctl string, args ...string) *serveProc {
+	t.Helper()
 	p := &serveProc{t: t, ctl: ctl, log: &syncBuffer{}, exited: make(chan struct{})}
 	p.cmd = exec.Command(binary(t), append([]string{"serve", "--control-socket", ctl}, args...)...)
+	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	require.NoError(t, p.cmd.Start())
 	go func() {

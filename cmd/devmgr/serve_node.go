@@ -4,12 +4,15 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
@@ -18,30 +21,54 @@ import (
 	"github.com/openkubelet/devmgr/nodestatus"
 )
 
+// envKubeconfig names the environment variable --kubeconfig defaults to: a
+// list of kubeconfig files, as for kubectl.
+const envKubeconfig = "KUBECONFIG"
+
 // nodeOptions are the flags of "devmgr serve" that publish the devices in a
 // Node's status.
 type nodeOptions struct {
-	kubeconfig   string
-	nodeName     string
-	registerNode bool
-	dra          bool
-	draDriver    string
+	kubeconfig string
+	// kubeconfigFromEnv: kubeconfig is $KUBECONFIG, --kubeconfig being
+	// absent.
+	kubeconfigFromEnv bool
+	nodeName          string
+	registerNode      bool
+	dra               bool
+	draDriver         string
+	// hostname returns the host name, the default of --node-name;
+	// os.Hostname when nil.
+	hostname func() (string, error)
 }
 
 func (o *nodeOptions) addFlags(f *pflag.FlagSet) {
-	f.StringVar(&o.kubeconfig, "kubeconfig", "", "publish the device resources (capacity and allocatable) in the status of the Node --node-name of the cluster this kubeconfig file reaches, by server-side apply as field manager \""+nodestatus.DefaultFieldManager+"\" (default: not published)")
-	f.StringVar(&o.nodeName, "node-name", "", "the Node whose status carries the device resources; required with --kubeconfig")
+	f.StringVar(&o.kubeconfig, "kubeconfig", "", "publish the device resources (capacity and allocatable) in the status of the Node --node-name of the cluster this kubeconfig file reaches, by server-side apply as field manager \""+nodestatus.DefaultFieldManager+"\" (default: $"+envKubeconfig+", files as kubectl reads it, so serve publishes wherever $"+envKubeconfig+" is set; --kubeconfig= publishes nothing)")
+	f.StringVar(&o.nodeName, "node-name", "", "the Node whose status carries the device resources, with --kubeconfig or $"+envKubeconfig+" (default: the host name, lower-cased, as the kubelet's)")
 	f.BoolVar(&o.registerNode, "register-node", false, "create the Node --node-name when it does not exist (default: wait for it)")
-	f.BoolVar(&o.dra, "dra", false, "also publish the plugins' healthy, unallocated devices as ResourceSlices of the DRA driver --dra-driver, one pool per resource (named NODE/RESOURCE), so that the scheduler can allocate ResourceClaims from them; needs --kubeconfig")
+	f.BoolVar(&o.dra, "dra", false, "also publish the plugins' healthy, unallocated devices as ResourceSlices of the DRA driver --dra-driver, one pool per resource (named NODE/RESOURCE), so that the scheduler can allocate ResourceClaims from them; needs --kubeconfig or $"+envKubeconfig)
 	f.StringVar(&o.draDriver, "dra-driver", dra.DefaultDriverName, "the DRA driver name of --dra's ResourceSlices")
+}
+
+// fromEnvironment takes $KUBECONFIG, as getenv gives it, for --kubeconfig
+// when the flag is absent from f. --kubeconfig= (empty) publishes nothing,
+// whatever the environment.
+func (o *nodeOptions) fromEnvironment(f *pflag.FlagSet, getenv func(string) string) {
+	if f.Changed("kubeconfig") {
+		return
+	}
+	if v := getenv(envKubeconfig); v != "" {
+		o.kubeconfig, o.kubeconfigFromEnv = v, true
+	}
 }
 
 // nodeConfig is nodeOptions checked; client is nil when nothing is
 // published.
 type nodeConfig struct {
-	client       kubernetes.Interface
-	nodeName     string
-	registerNode bool
+	client kubernetes.Interface
+	// kubeconfigSource says, for the log, where the kubeconfig came from.
+	kubeconfigSource string
+	nodeName         string
+	registerNode     bool
 	// draDriver is the DRA driver name of the ResourceSlices; "" when
 	// none are published.
 	draDriver string
@@ -54,34 +81,29 @@ func (o *nodeOptions) config() (nodeConfig, error) {
 	if o.kubeconfig == "" {
 		switch {
 		case o.nodeName != "":
-			return nodeConfig{}, errors.New("--node-name needs --kubeconfig")
+			return nodeConfig{}, errors.New("--node-name needs --kubeconfig or $" + envKubeconfig)
 		case o.registerNode:
-			return nodeConfig{}, errors.New("--register-node needs --kubeconfig")
+			return nodeConfig{}, errors.New("--register-node needs --kubeconfig or $" + envKubeconfig)
 		case o.dra:
-			return nodeConfig{}, errors.New("--dra needs --kubeconfig")
+			return nodeConfig{}, errors.New("--dra needs --kubeconfig or $" + envKubeconfig)
 		}
 		return nodeConfig{}, nil
 	}
-	if o.nodeName == "" {
-		return nodeConfig{}, errors.New("--kubeconfig needs --node-name")
-	}
-	if errs := validation.IsDNS1123Subdomain(o.nodeName); len(errs) > 0 {
-		return nodeConfig{}, fmt.Errorf("--node-name %q is not a valid node name: %s", o.nodeName, strings.Join(errs, "; "))
-	}
-	if _, err := os.Stat(o.kubeconfig); err != nil {
-		return nodeConfig{}, &exitError{code: exitFailure, err: fmt.Errorf("--kubeconfig: %w", err)}
-	}
-	rc, err := clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+	nodeName, err := o.node()
 	if err != nil {
-		return nodeConfig{}, fmt.Errorf("--kubeconfig %s: %w", o.kubeconfig, err)
+		return nodeConfig{}, err
+	}
+	rc, source, err := o.restConfig()
+	if err != nil {
+		return nodeConfig{}, err
 	}
 	rc.UserAgent = "devmgr"
 	rc.Timeout = nodeRequestTimeout
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
-		return nodeConfig{}, fmt.Errorf("--kubeconfig %s: %w", o.kubeconfig, err)
+		return nodeConfig{}, fmt.Errorf("%s: %w", source, err)
 	}
-	cfg := nodeConfig{client: client, nodeName: o.nodeName, registerNode: o.registerNode}
+	cfg := nodeConfig{client: client, kubeconfigSource: source, nodeName: nodeName, registerNode: o.registerNode}
 	if o.dra {
 		if errs := validation.IsDNS1123Subdomain(o.draDriver); len(errs) > 0 {
 			return nodeConfig{}, fmt.Errorf("--dra-driver %q is not a valid driver name: %s", o.draDriver, strings.Join(errs, "; "))
@@ -89,6 +111,61 @@ func (o *nodeOptions) config() (nodeConfig, error) {
 		cfg.draDriver = o.draDriver
 	}
 	return cfg, nil
+}
+
+// node returns --node-name or, without it, the host name lower-cased and
+// trimmed, as the kubelet's default; either must be a valid node name.
+func (o *nodeOptions) node() (string, error) {
+	if o.nodeName != "" {
+		if errs := validation.IsDNS1123Subdomain(o.nodeName); len(errs) > 0 {
+			return "", fmt.Errorf("--node-name %q is not a valid node name: %s", o.nodeName, strings.Join(errs, "; "))
+		}
+		return o.nodeName, nil
+	}
+	hostname := o.hostname
+	if hostname == nil {
+		hostname = os.Hostname
+	}
+	h, err := hostname()
+	if err != nil {
+		return "", &exitError{code: exitFailure, err: fmt.Errorf("--node-name defaults to the host name: %w; set --node-name", err)}
+	}
+	name := strings.ToLower(strings.TrimSpace(h))
+	if name == "" {
+		return "", errors.New("--node-name defaults to the host name, which is empty; set --node-name")
+	}
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		return "", fmt.Errorf("--node-name defaults to the host name %q, which is not a valid node name: %s; set --node-name",
+			name, strings.Join(errs, "; "))
+	}
+	return name, nil
+}
+
+// restConfig reads the kubeconfig: the file --kubeconfig, or the files of
+// $KUBECONFIG merged as kubectl merges them, skipping those that do not
+// exist. It returns where the kubeconfig came from, to name it in errors and
+// the log.
+func (o *nodeOptions) restConfig() (*rest.Config, string, error) {
+	source := "--kubeconfig " + o.kubeconfig
+	rules := &clientcmd.ClientConfigLoadingRules{ExplicitPath: o.kubeconfig}
+	if o.kubeconfigFromEnv {
+		source = "$" + envKubeconfig + "=" + o.kubeconfig
+		files := filepath.SplitList(o.kubeconfig)
+		// None there is an error rather than nothing published: the
+		// environment asked to publish.
+		if !slices.ContainsFunc(files, func(f string) bool { _, err := os.Stat(f); return err == nil }) {
+			return nil, source, &exitError{code: exitFailure, err: fmt.Errorf(
+				"%s: no such file; set --kubeconfig, or --kubeconfig= to publish nothing", source)}
+		}
+		rules = &clientcmd.ClientConfigLoadingRules{Precedence: files}
+	} else if _, err := os.Stat(o.kubeconfig); err != nil {
+		return nil, source, &exitError{code: exitFailure, err: fmt.Errorf("--kubeconfig: %w", err)}
+	}
+	rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return nil, source, fmt.Errorf("%s: %w", source, err)
+	}
+	return rc, source, nil
 }
 
 // newSlicePublisher returns the publisher of the ResourceSlices, nil when

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,8 +15,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/util/validation"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/openkubelet/devmgr/nodestatus"
@@ -28,11 +31,10 @@ func TestServeNodeFlagErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--node-name", "n1"}, "--node-name needs --kubeconfig"},
-		{[]string{"--register-node"}, "--register-node needs --kubeconfig"},
-		{[]string{"--dra"}, "--dra needs --kubeconfig"},
+		{[]string{"--node-name", "n1"}, "--node-name needs --kubeconfig or $KUBECONFIG"},
+		{[]string{"--register-node"}, "--register-node needs --kubeconfig or $KUBECONFIG"},
+		{[]string{"--dra"}, "--dra needs --kubeconfig or $KUBECONFIG"},
 		{[]string{"--kubeconfig", kubeconfig, "--node-name", "n1", "--dra", "--dra-driver", "Not_A_Domain"}, `--dra-driver "Not_A_Domain" is not a valid driver name`},
-		{[]string{"--kubeconfig", kubeconfig}, "--kubeconfig needs --node-name"},
 		{[]string{"--kubeconfig", kubeconfig, "--node-name", "Bad_Name"}, `--node-name "Bad_Name" is not a valid node name`},
 		{[]string{"--kubeconfig", filepath.Join(dir, "missing"), "--node-name", "n1"}, "--kubeconfig: stat"},
 		{[]string{"--kubeconfig", writeFile(t, dir, "garbage", "{not yaml"), "--node-name", "n1"}, "--kubeconfig " + filepath.Join(dir, "garbage")},
@@ -41,9 +43,10 @@ func TestServeNodeFlagErrors(t *testing.T) {
 	}
 }
 
-// fakeAPIServer answers the requests a publisher makes about one node and
-// records them.
+// fakeAPIServer answers the requests a publisher makes about one node, node
+// or else edge-1, and records them.
 type fakeAPIServer struct {
+	node     string
 	mu       sync.Mutex
 	created  bool
 	requests []string // "METHOD path?query", without the timeout
@@ -58,16 +61,20 @@ func (f *fakeAPIServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	q.Del("timeout") // the client's request timeout
 	f.requests = append(f.requests, r.Method+" "+r.URL.Path+"?"+q.Encode())
 	w.Header().Set("Content-Type", "application/json")
-	const node = `{"kind":"Node","apiVersion":"v1","metadata":{"name":"edge-1"}}`
+	name := f.node
+	if name == "" {
+		name = "edge-1"
+	}
+	node := `{"kind":"Node","apiVersion":"v1","metadata":{"name":"` + name + `"}}`
 	switch {
-	case r.Method == http.MethodGet && r.URL.Path == "/api/v1/nodes/edge-1" && !f.created:
+	case r.Method == http.MethodGet && r.URL.Path == "/api/v1/nodes/"+name && !f.created:
 		w.WriteHeader(http.StatusNotFound)
 		_, _ = io.WriteString(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}`)
 	case r.Method == http.MethodPost && r.URL.Path == "/api/v1/nodes":
 		f.created = true
 		w.WriteHeader(http.StatusCreated)
 		_, _ = io.WriteString(w, node)
-	case r.Method == http.MethodPatch && r.URL.Path == "/api/v1/nodes/edge-1/status":
+	case r.Method == http.MethodPatch && r.URL.Path == "/api/v1/nodes/"+name+"/status":
 		f.applied = append(f.applied, string(body))
 		_, _ = io.WriteString(w, node)
 	default:
@@ -125,6 +132,122 @@ func TestServePublishesTheNodeStatus(t *testing.T) {
 	assert.Regexp(t, `devmgr_node_status_publishes_total\{result="success"\} [1-9]`, metrics)
 	assert.Contains(t, metrics, "devmgr_node_status_last_publish_timestamp_seconds")
 	assert.Equal(t, 0, s.stop(syscall.SIGTERM))
+}
+
+// --kubeconfig defaults to $KUBECONFIG, a list of files as kubectl reads
+// it, and --node-name to the host name lower-cased; --kubeconfig= publishes
+// nothing, and both names are checked wherever they come from.
+func TestServeNodeDefaults(t *testing.T) {
+	dir := shortTempDir(t)
+	kubeconfig := writeKubeconfig(t, dir, "https://127.0.0.1:1")
+	missing := filepath.Join(dir, "missing")
+	env := func(kubeconfig string) func(string) string {
+		return func(key string) string {
+			if key == envKubeconfig {
+				return kubeconfig
+			}
+			return ""
+		}
+	}
+	host := func(name string) func() (string, error) { return func() (string, error) { return name, nil } }
+	// options parses args as serve does, with getenv as its environment and
+	// hostname as the host name.
+	options := func(t *testing.T, getenv func(string) string, hostname func() (string, error), args ...string) *nodeOptions {
+		t.Helper()
+		o := &nodeOptions{hostname: hostname}
+		f := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+		o.addFlags(f)
+		require.NoError(t, f.Parse(args))
+		o.fromEnvironment(f, getenv)
+		return o
+	}
+
+	for _, tc := range []struct {
+		name     string
+		getenv   func(string) string
+		hostname string
+		args     []string
+		node     string // "": nothing published
+		source   string
+	}{
+		{"both defaults", env(kubeconfig), " Edge-1.Example.COM\n", nil, "edge-1.example.com", "$KUBECONFIG=" + kubeconfig},
+		{"a list of files, one missing", env(missing + ":" + kubeconfig), "edge-1", nil, "edge-1", "$KUBECONFIG=" + missing + ":" + kubeconfig},
+		{"the flags win", env(missing), "edge-1", []string{"--kubeconfig", kubeconfig, "--node-name", "n1"}, "n1", "--kubeconfig " + kubeconfig},
+		{"--kubeconfig= publishes nothing", env(kubeconfig), "edge-1", []string{"--kubeconfig="}, "", ""},
+		{"no kubeconfig at all", env(""), "edge-1", nil, "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := options(t, tc.getenv, host(tc.hostname), tc.args...).config()
+			require.NoError(t, err)
+			assert.Equal(t, tc.node, cfg.nodeName)
+			assert.Equal(t, tc.source, cfg.kubeconfigSource)
+			assert.Equal(t, tc.node != "", cfg.client != nil, "published")
+		})
+	}
+
+	for _, tc := range []struct {
+		name     string
+		getenv   func(string) string
+		hostname func() (string, error)
+		args     []string
+		want     string
+		code     int
+	}{
+		{"no file of $KUBECONFIG", env(missing), host("edge-1"), nil,
+			"$KUBECONFIG=" + missing + ": no such file; set --kubeconfig, or --kubeconfig= to publish nothing", exitFailure},
+		{"a host name that is no node name", env(kubeconfig), host("edge_1"), nil,
+			`--node-name defaults to the host name "edge_1", which is not a valid node name: `, exitUsage},
+		{"an empty host name", env(kubeconfig), host(" "), nil,
+			"--node-name defaults to the host name, which is empty; set --node-name", exitUsage},
+		{"no host name", env(kubeconfig), func() (string, error) { return "", errors.New("uname failed") }, nil,
+			"--node-name defaults to the host name: uname failed; set --node-name", exitFailure},
+		{"--node-name is checked", env(kubeconfig), host("edge-1"), []string{"--node-name", "Bad_Name"},
+			`--node-name "Bad_Name" is not a valid node name: `, exitUsage},
+		{"--node-name without a kubeconfig", env(""), host("edge-1"), []string{"--node-name", "n1"},
+			"--node-name needs --kubeconfig or $KUBECONFIG", exitUsage},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := options(t, tc.getenv, tc.hostname, tc.args...).config()
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+			assert.Equal(t, tc.code, exitCode(withExitCode(exitUsage, err)))
+		})
+	}
+}
+
+// serve started where $KUBECONFIG is set publishes the devices of the Node
+// named as the host to that cluster, and says so; --kubeconfig= stops it.
+func TestServePublishesWithTheEnvironmentsDefaults(t *testing.T) {
+	hostname, err := os.Hostname()
+	require.NoError(t, err)
+	node := strings.ToLower(strings.TrimSpace(hostname))
+	if errs := validation.IsDNS1123Subdomain(node); len(errs) > 0 {
+		t.Skipf("the host name %q is not a node name: %v", node, errs)
+	}
+	api := &fakeAPIServer{node: node}
+	srv := httptest.NewServer(api)
+	t.Cleanup(srv.Close)
+	dir := shortTempDir(t)
+	sockDir := filepath.Join(dir, "dp")
+	env := []string{envKubeconfig + "=" + writeKubeconfig(t, dir, srv.URL)}
+
+	s := launchServeEnv(t, env, filepath.Join(dir, "ctl.sock"), "--socket-dir", sockDir, "--register-node")
+	s.waitReady()
+	startPlugin(t, sockDir, gpus(2))
+	require.True(t, eventually(10*time.Second, s.exited, func() bool {
+		_, applied := api.snapshot()
+		return len(applied) > 0 && strings.Contains(applied[len(applied)-1], `"allocatable":{"example.com/gpu":"2"}`)
+	}), s.log.String())
+	requests, _ := api.snapshot()
+	assert.Equal(t, "GET /api/v1/nodes/"+node+"?", requests[0])
+	assert.Contains(t, s.log.String(), fmt.Sprintf(`"Publishing device resources in the node status" node=%q registerNode=true kubeconfig=%q`,
+		node, "$KUBECONFIG="+filepath.Join(dir, "kubeconfig")))
+	assert.Equal(t, 0, s.stop(syscall.SIGTERM))
+
+	quiet := launchServeEnv(t, env, filepath.Join(dir, "ctl.sock"), "--socket-dir", sockDir, "--kubeconfig=")
+	quiet.waitLog(`"Serving"`)
+	assert.NotContains(t, quiet.log.String(), "Publishing device resources")
+	assert.Equal(t, 0, quiet.stop(syscall.SIGTERM))
 }
 
 // writeKubeconfig writes a kubeconfig of server, with a token, into dir.

@@ -192,7 +192,8 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 			defer s.wg.Done()
 			_ = pub.Run(base) // returns when shutdown cancels base
 		}()
-		logger.Info("Publishing device resources in the node status", "node", cfg.nodeName, "registerNode", cfg.registerNode)
+		logger.Info("Publishing device resources in the node status", "node", cfg.nodeName, "registerNode", cfg.registerNode,
+			"kubeconfig", cfg.kubeconfigSource)
 	}
 	if slicePub != nil {
 		s.wg.Add(1)
