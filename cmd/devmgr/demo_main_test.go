@@ -116,16 +116,10 @@ func TestDemoCleansUpWhenItsReaderGoes(t *testing.T) {
 	}
 }
 
-// A demo cut short by --timeout says so, and a $TMPDIR too long for unix
-// sockets is named with the way out, before anything starts.
-func TestDemoExplainsItsFailures(t *testing.T) {
+// A demo cut short by --timeout says so.
+func TestDemoSaysItTimedOut(t *testing.T) {
 	res := runDevmgrBinary(t, nil, "demo", "--timeout", "1ms")
 	if res.exitCode != 1 || !strings.Contains(res.stderr, "demo timed out after 1ms (--timeout)") {
 		t.Errorf("--timeout 1ms: exit %d, stderr %q", res.exitCode, res.stderr)
-	}
-	long := filepath.Join(shortTempDir(t), strings.Repeat("x", 100))
-	res = runDevmgrBinary(t, []string{"TMPDIR=" + long}, "demo")
-	if res.exitCode != 1 || !strings.Contains(res.stderr, "TMPDIR "+long+" is too long") || !strings.Contains(res.stderr, "TMPDIR=/tmp devmgr demo") {
-		t.Errorf("long TMPDIR: exit %d, stderr %q", res.exitCode, res.stderr)
 	}
 }
