@@ -310,7 +310,8 @@ func TestSampleDevicePlugin(t *testing.T) {
 
 	prSocket := filepath.Join(dir, "pr", "kubelet.sock")
 	serveArgs := []string{devmgr, "serve", "--socket-dir", sockDir, "--control-socket", c.control, "-v", "2",
-		"--podresources-socket", prSocket, "--metrics-address", "127.0.0.1:0"}
+		"--podresources-socket", prSocket, "--metrics-address", "127.0.0.1:0",
+		"--kubeconfig="} // never the caller's cluster ($KUBECONFIG)
 	serve := startProcess(t, "devmgr serve", filepath.Join(dir, "serve.log"), nil, serveArgs...)
 	waitFor(t, "devmgr serve to answer", 10*time.Second, func() bool { _, ok := c.status(); return ok }, serve)
 

@@ -61,7 +61,7 @@ func receive(t *testing.T, ctx context.Context, ch <-chan allocResult) allocResu
 }
 
 func TestCallsAreRecorded(t *testing.T) {
-	p, client := startPlugin(t, Options{})
+	p, client := startPlugin(t, Options{Devices: devices("a", "b")})
 	ctx := testContext(t)
 	before := time.Now()
 
@@ -96,7 +96,7 @@ func TestCallsAreRecorded(t *testing.T) {
 }
 
 func TestWaitForCalls(t *testing.T) {
-	p, client := startPlugin(t, Options{})
+	p, client := startPlugin(t, Options{Devices: devices("a", "b")})
 	ctx := testContext(t)
 
 	short, cancel := context.WithCancel(ctx)
@@ -157,7 +157,7 @@ func TestSetError(t *testing.T) {
 }
 
 func TestSetDelay(t *testing.T) {
-	p, client := startPlugin(t, Options{})
+	p, client := startPlugin(t, Options{Devices: devices("a", "b")})
 	ctx := testContext(t)
 
 	p.SetDelay(MethodAllocate, time.Hour)
@@ -178,7 +178,7 @@ func TestSetDelay(t *testing.T) {
 }
 
 func TestBlockUntilCallerDeadline(t *testing.T) {
-	p, client := startPlugin(t, Options{})
+	p, client := startPlugin(t, Options{Devices: devices("a", "b")})
 	ctx := testContext(t)
 	release := p.Block(MethodAllocate)
 	defer release()
@@ -198,7 +198,7 @@ func TestBlockUntilCallerDeadline(t *testing.T) {
 }
 
 func TestBlockUntilReleased(t *testing.T) {
-	p, client := startPlugin(t, Options{})
+	p, client := startPlugin(t, Options{Devices: devices("a", "b")})
 	ctx := testContext(t)
 	release := p.Block(MethodAllocate)
 
@@ -220,7 +220,7 @@ func TestBlockUntilReleased(t *testing.T) {
 }
 
 func TestSeveralBlocks(t *testing.T) {
-	p, client := startPlugin(t, Options{})
+	p, client := startPlugin(t, Options{Devices: devices("a", "b")})
 	ctx := testContext(t)
 	release1 := p.Block(MethodAllocate)
 	release2 := p.Block(MethodAllocate)
@@ -246,7 +246,7 @@ func TestSeveralBlocks(t *testing.T) {
 }
 
 func TestStopReleasesBlockedCalls(t *testing.T) {
-	p, client := startPlugin(t, Options{})
+	p, client := startPlugin(t, Options{Devices: devices("a", "b")})
 	ctx := testContext(t)
 	release := p.Block(MethodAllocate)
 	defer release()
@@ -261,7 +261,7 @@ func TestStopReleasesBlockedCalls(t *testing.T) {
 }
 
 func TestStopEndsDelayedCalls(t *testing.T) {
-	p, client := startPlugin(t, Options{})
+	p, client := startPlugin(t, Options{Devices: devices("a", "b")})
 	ctx := testContext(t)
 	p.SetDelay(MethodAllocate, time.Hour)
 

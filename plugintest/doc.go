@@ -35,8 +35,10 @@
 // GetPreferredAllocationAvailable from Options. ListAndWatch sends the
 // current device list when the stream opens (after an empty message with
 // Options.EmptyFirstMessage), then every Update, in order; CloseStreams ends
-// the open streams. Allocate answers DefaultAllocate, a deterministic
-// function of the requested device IDs; GetPreferredAllocation answers
+// the open streams. Allocate refuses, with InvalidArgument, a device the
+// Plugin never listed (CheckListed), as a real plugin does, and otherwise
+// answers DefaultAllocate, a deterministic function of the requested device
+// IDs; GetPreferredAllocation answers
 // DefaultPreferredAllocation; PreStartContainer answers an empty response.
 // SetAllocateFunc, SetPreferredAllocationFunc, SetPreStartFunc and
 // SetOptionsFunc replace these at any time.

@@ -110,7 +110,10 @@ type Plugin struct {
 	regSocket *socketFile  // nil unless ServeRegistry is serving
 	// list is the current device list: a copy made by newList, never
 	// modified, so that one message may be queued on every stream.
-	list     *pluginapi.ListAndWatchResponse
+	list *pluginapi.ListAndWatchResponse
+	// listed holds every device ID the Plugin has listed: in Options.Devices
+	// or an Update.
+	listed   map[string]struct{}
 	watchers map[*watcher]struct{}
 	info     *regapi.PluginInfo // GetInfo override; nil: default
 	hooks    hooks
@@ -166,7 +169,7 @@ func New(opts Options) (*Plugin, error) {
 	if logger.GetSink() == nil {
 		logger = klog.Background()
 	}
-	return &Plugin{
+	p := &Plugin{
 		resource:   opts.ResourceName,
 		socketDir:  dir,
 		endpoint:   endpoint,
@@ -178,10 +181,13 @@ func New(opts Options) (*Plugin, error) {
 		logger:     logger.WithValues("resourceName", opts.ResourceName),
 		done:       make(chan struct{}),
 		list:       newList(opts.Devices),
+		listed:     make(map[string]struct{}),
 		watchers:   make(map[*watcher]struct{}),
 		faults:     make(map[Method]*fault),
 		changed:    make(chan struct{}),
-	}, nil
+	}
+	p.addListedLocked(p.list)
+	return p, nil
 }
 
 // ResourceName returns Options.ResourceName.
@@ -266,6 +272,7 @@ func (p *Plugin) Update(devices []*pluginapi.Device) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.list = list
+	p.addListedLocked(list)
 	for w := range p.watchers {
 		w.queue = append(w.queue, p.list)
 		notify(w.wake)
@@ -293,6 +300,15 @@ func (p *Plugin) Streams() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.watchers)
+}
+
+// addListedLocked adds the IDs of list to those the Plugin has listed.
+func (p *Plugin) addListedLocked(list *pluginapi.ListAndWatchResponse) {
+	for _, d := range list.Devices {
+		if d != nil {
+			p.listed[d.ID] = struct{}{}
+		}
+	}
 }
 
 // subscribe adds a stream that starts with the current list.

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -84,7 +85,8 @@ func (p *Plugin) SetOptionsFunc(f OptionsFunc) {
 //	CDIDevices:  {Name: Options.CDIDeviceName("a")}, same for b; none when CDIDeviceName is nil
 //
 // A container request without IDs gets an empty response. The IDs are not
-// checked against the device list.
+// checked against the device list: Allocate without an AllocateFunc calls
+// CheckListed first.
 func (p *Plugin) DefaultAllocate(req *pluginapi.AllocateRequest) *pluginapi.AllocateResponse {
 	key := strings.ReplaceAll(p.resource, "/", "_")
 	env := envName(p.resource)
@@ -116,6 +118,30 @@ func (p *Plugin) DefaultAllocate(req *pluginapi.AllocateRequest) *pluginapi.Allo
 		resp.ContainerResponses = append(resp.ContainerResponses, car)
 	}
 	return resp
+}
+
+// CheckListed returns an InvalidArgument status error naming the device IDs
+// of req that the Plugin never listed (in Options.Devices or an Update),
+// nil when there are none. Allocate without an AllocateFunc refuses such a
+// request with it, as a real plugin refuses a device it does not have; an
+// AllocateFunc that answers DefaultAllocate alone grants any ID. A device
+// an Update removed still counts as listed: a kubelet may allocate from the
+// list it had.
+func (p *Plugin) CheckListed(req *pluginapi.AllocateRequest) error {
+	var unknown []string
+	p.mu.Lock()
+	for _, cr := range req.GetContainerRequests() {
+		for _, id := range cr.GetDevicesIds() {
+			if _, ok := p.listed[id]; !ok && !slices.Contains(unknown, id) {
+				unknown = append(unknown, id)
+			}
+		}
+	}
+	p.mu.Unlock()
+	if len(unknown) == 0 {
+		return nil
+	}
+	return status.Errorf(codes.InvalidArgument, "plugintest: %s never listed devices %q", p.resource, unknown)
 }
 
 // DefaultPreferredAllocation returns the response GetPreferredAllocation
@@ -214,6 +240,9 @@ func (s *deviceService) Allocate(ctx context.Context, req *pluginapi.AllocateReq
 	f := s.p.hooks.allocate
 	s.p.mu.Unlock()
 	if f == nil {
+		if err := s.p.CheckListed(req); err != nil {
+			return nil, err
+		}
 		return s.p.DefaultAllocate(req), nil
 	}
 	return orEmpty(f(ctx, req))

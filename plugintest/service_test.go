@@ -14,6 +14,7 @@ import (
 
 func TestAllocateDefault(t *testing.T) {
 	_, client := startPlugin(t, Options{
+		Devices:       devices("dev-0", "dev-1"),
 		CDIDeviceName: func(id string) string { return "example.com/gpu=" + id },
 	})
 	req := &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{
@@ -59,7 +60,7 @@ func TestAllocateDefaultWithoutCDI(t *testing.T) {
 }
 
 func TestAllocateFunc(t *testing.T) {
-	p, client := startPlugin(t, Options{})
+	p, client := startPlugin(t, Options{Devices: devices("a")})
 	ctx := testContext(t)
 	req := &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"a"}}}}
 
@@ -171,4 +172,28 @@ func TestPreStartContainer(t *testing.T) {
 	calls := p.CallsOf(MethodPreStartContainer)
 	require.Len(t, calls, 3)
 	requireProtoEqual(t, req, calls[2].Request)
+}
+
+// Allocate refuses a device the plugin never listed, as a real plugin does
+// (sanity's allocate/unknown-device), and allocates those it listed once,
+// even after an Update dropped them: a kubelet may allocate from the list it
+// had.
+func TestAllocateRefusesUnlistedDevices(t *testing.T) {
+	p, client := startPlugin(t, Options{Devices: devices("a", "b")})
+	ctx := testContext(t)
+	allocate := func(ids ...string) error {
+		_, err := client.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{
+			{DevicesIds: ids[:1]}, {DevicesIds: ids[1:]},
+		}})
+		return err
+	}
+	require.NoError(t, allocate("a", "b"))
+	err := allocate("a", "b", "x", "y")
+	assert.Equal(t, codes.InvalidArgument, status.Code(err))
+	assert.Contains(t, status.Convert(err).Message(), `["x" "y"]`)
+
+	p.Update(devices("c"))
+	require.NoError(t, allocate("a", "c"))
+	assert.Equal(t, codes.InvalidArgument, status.Code(allocate("c", "d")))
+	assert.Len(t, p.CallsOf(MethodAllocate), 4, "refused calls are recorded too")
 }

@@ -273,7 +273,7 @@ func launchServe(t *testing.T, bin string, dirs serveDirs) *serveProc {
 	defer out.Close()
 	p := &serveProc{dirs: dirs, exited: make(chan struct{})}
 	p.cmd = exec.Command(bin, "serve", "--socket-dir", dirs.sockets, "--checkpoint-dir", dirs.ckpt,
-		"--control-socket", dirs.ctl, "--numa-nodes", "0")
+		"--control-socket", dirs.ctl, "--numa-nodes", "0", "--kubeconfig=") // never the caller's cluster ($KUBECONFIG)
 	p.cmd.Stdout, p.cmd.Stderr = out, out
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	p.started = time.Now()
