@@ -20,14 +20,20 @@
 // serves. Register dials the kubelet's socket and sends a RegisterRequest;
 // the kubelet dials back during that call, so Start comes first. Calling
 // Register again re-registers; RegisterWith sends any request, malformed
-// ones included. ServeRegistry serves the pluginregistration Registration
-// service for the kubelet's plugin-watcher path instead (GetInfo,
-// NotifyRegistrationStatus). Stop ends every stream and call, stops both
-// servers, removes the sockets and returns when every goroutine the Plugin
-// started has ended; it is idempotent and safe before Start. A stopped
-// Plugin cannot be started again: a new Plugin with the same Options
-// simulates a plugin restart, and may start before the old one stops (each
-// removes only the socket file it created).
+// ones included. With Options.Reregister, after a successful Register the
+// Plugin follows the kubelet as real plugins do: each time kubelet.sock is
+// created anew (the kubelet restarted, removing the sockets in its
+// directory), it serves its socket again and registers again, until Stop.
+//
+// ServeRegistry serves the pluginregistration Registration service for the
+// kubelet's plugin-watcher path instead (GetInfo, NotifyRegistrationStatus).
+// Stop ends every stream and call, stops both servers, removes the sockets
+// and returns when every goroutine the Plugin started has ended (the file
+// watcher the Plugins of a process share ends with the last of them); it is
+// idempotent and safe before Start. A stopped Plugin cannot be started
+// again: a new Plugin with the same Options simulates a plugin restart, and
+// may start before the old one stops (each removes only the socket file it
+// created; the newer one alone registers again after a kubelet restart).
 //
 // # Default behaviour
 //
@@ -41,7 +47,9 @@
 // IDs; GetPreferredAllocation answers
 // DefaultPreferredAllocation; PreStartContainer answers an empty response.
 // SetAllocateFunc, SetPreferredAllocationFunc, SetPreStartFunc and
-// SetOptionsFunc replace these at any time.
+// SetOptionsFunc replace these at any time. With these defaults and
+// Options.Reregister, a Plugin passes every check of package sanity that its
+// Options let run.
 //
 // # Recorded calls and failure injection
 //

@@ -1,6 +1,7 @@
 package plugintest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -76,6 +77,15 @@ type Options struct {
 	// as some real plugins do.
 	EmptyFirstMessage bool
 
+	// Reregister makes the Plugin follow the kubelet as real device plugins
+	// do: once Register has succeeded, each time the kubelet socket it
+	// registered on is created anew (a kubelet or devmgr restarting), the
+	// Plugin serves its own socket again if it was removed and registers
+	// again, until Stop. sanity's restart/re-register check needs it. It is
+	// off by default because many tests restart a device manager and then
+	// register by themselves, or count registrations.
+	Reregister bool
+
 	// Logger receives the plugin's logs (V(2): lifecycle and registration;
 	// V(4): every RPC). Default klog.Background().
 	Logger klog.Logger
@@ -95,9 +105,18 @@ type Plugin struct {
 	emptyFirst bool
 	logger     klog.Logger
 
+	reregisters bool
+	// kubeletCreated (capacity 1) is signalled when the kubelet socket the
+	// Plugin follows is created.
+	kubeletCreated chan struct{}
+
 	// done is closed by Stop; handlers that wait select on it.
 	done chan struct{}
-	// wg counts the Serve goroutines of both gRPC servers.
+	// stopCtx is cancelled by Stop, to end a registration in flight.
+	stopCtx    context.Context
+	cancelStop context.CancelFunc
+	// wg counts the Serve goroutines of both gRPC servers, and the
+	// re-registration loop.
 	wg sync.WaitGroup
 
 	// mu guards every field below it.
@@ -105,6 +124,7 @@ type Plugin struct {
 	started   bool
 	stopped   bool
 	server    *grpc.Server
+	listener  net.Listener // the device plugin server's; nil until Start
 	socket    *socketFile  // nil until Start
 	registry  *grpc.Server // nil unless ServeRegistry is serving
 	regSocket *socketFile  // nil unless ServeRegistry is serving
@@ -115,10 +135,13 @@ type Plugin struct {
 	// or an Update.
 	listed   map[string]struct{}
 	watchers map[*watcher]struct{}
-	info     *regapi.PluginInfo // GetInfo override; nil: default
-	hooks    hooks
-	faults   map[Method]*fault
-	calls    []Call
+	// following is the kubelet socket the Plugin registers again on when
+	// it is created; "" until Register succeeds.
+	following string
+	info      *regapi.PluginInfo // GetInfo override; nil: default
+	hooks     hooks
+	faults    map[Method]*fault
+	calls     []Call
 	// changed is closed and replaced whenever a call is recorded or a stream
 	// opens or ends, to wake the Wait methods.
 	changed chan struct{}
@@ -169,6 +192,7 @@ func New(opts Options) (*Plugin, error) {
 	if logger.GetSink() == nil {
 		logger = klog.Background()
 	}
+	stopCtx, cancelStop := context.WithCancel(context.Background())
 	p := &Plugin{
 		resource:   opts.ResourceName,
 		socketDir:  dir,
@@ -179,7 +203,13 @@ func New(opts Options) (*Plugin, error) {
 		cdiName:    opts.CDIDeviceName,
 		emptyFirst: opts.EmptyFirstMessage,
 		logger:     logger.WithValues("resourceName", opts.ResourceName),
+
+		reregisters:    opts.Reregister,
+		kubeletCreated: make(chan struct{}, 1),
+
 		done:       make(chan struct{}),
+		stopCtx:    stopCtx,
+		cancelStop: cancelStop,
 		list:       newList(opts.Devices),
 		listed:     make(map[string]struct{}),
 		watchers:   make(map[*watcher]struct{}),
@@ -216,11 +246,12 @@ func (p *Plugin) Start() error {
 	if err != nil {
 		return err
 	}
-	p.socket = sock
+	p.listener, p.socket = lis, sock
 	p.server = grpc.NewServer(grpc.WaitForHandlers(true))
 	pluginapi.RegisterDevicePluginServer(p.server, &deviceService{p: p})
 	p.serveLocked(p.server, lis)
 	p.started = true
+	setLatestOnPath(p.socketPath, p)
 	p.logger.V(2).Info("Device plugin serving", "socketPath", p.socketPath)
 	return nil
 }
@@ -237,9 +268,12 @@ func (p *Plugin) Stop() {
 	}
 	p.stopped = true
 	close(p.done)
+	p.cancelStop()
 	servers := []*grpc.Server{p.registry, p.server}
+	// serveAgain, which replaces p.socket, does nothing once stopped is set.
 	sockets := []*socketFile{p.regSocket, p.socket}
 	p.registry, p.regSocket = nil, nil
+	following := p.following
 	p.mu.Unlock()
 
 	// Stop waits for handlers (WaitForHandlers), which return once done is
@@ -250,6 +284,10 @@ func (p *Plugin) Stop() {
 		}
 	}
 	p.wg.Wait()
+	if following != "" {
+		watchHub.unsubscribe(p, following)
+	}
+	forgetOnPath(p.socketPath, p)
 	for _, sock := range sockets {
 		sock.remove(p.logger)
 	}
@@ -353,7 +391,8 @@ func (p *Plugin) serveLocked(s *grpc.Server, lis net.Listener) {
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
-		if err := s.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		// net.ErrClosed: serveAgain replaced the listener.
+		if err := s.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) && !errors.Is(err, net.ErrClosed) {
 			p.logger.Error(err, "gRPC server ended", "socketPath", lis.Addr().String())
 		}
 	}()

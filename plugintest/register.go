@@ -35,18 +35,34 @@ func (p *Plugin) RegisterRequest() *pluginapi.RegisterRequest {
 // Register registers the plugin with the kubelet (or devmgr) listening on
 // the unix socket kubeletSocket, sending RegisterRequest. Like the kubelet's
 // own blocking dial, it waits for the socket to accept a connection, up to
-// RegisterTimeout for the whole call. The plugin should be serving (Start)
-// first, since the kubelet dials back during the call. Calling it again
-// re-registers.
+// RegisterTimeout for the whole call; Stop ends it early. The plugin should
+// be serving (Start) first, since the kubelet dials back during the call.
+// Calling it again re-registers.
+//
+// Once it has succeeded, with Options.Reregister, the Plugin registers
+// again by itself each time kubeletSocket is created anew, until
+// Stop: it serves its socket again first if it is gone, since a starting
+// kubelet removes the sockets in its directory. It leaves the socket to a
+// newer Plugin started on the same path, which follows the kubelet in its
+// place. A failed re-registration is logged; the next creation tries again.
 func (p *Plugin) Register(kubeletSocket string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), RegisterTimeout)
+	path, err := filepath.Abs(kubeletSocket)
+	if err != nil {
+		return fmt.Errorf("plugintest: register: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(p.stopCtx, RegisterTimeout)
 	defer cancel()
-	return p.RegisterWith(ctx, kubeletSocket, p.RegisterRequest())
+	if err := p.RegisterWith(ctx, kubeletSocket, p.RegisterRequest()); err != nil {
+		return err
+	}
+	return p.follow(path)
 }
 
 // RegisterWith sends req, as given, to the Registration service on the unix
 // socket kubeletSocket; ctx bounds the dial and the call. The returned error
-// wraps the gRPC status error, so status.Code works on it.
+// wraps the gRPC status error, so status.Code works on it. Unlike Register,
+// it does not make the Plugin register again when kubeletSocket is
+// re-created.
 func (p *Plugin) RegisterWith(ctx context.Context, kubeletSocket string, req *pluginapi.RegisterRequest) error {
 	path, err := filepath.Abs(kubeletSocket)
 	if err != nil {

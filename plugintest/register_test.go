@@ -243,3 +243,18 @@ func TestServeRegistryErrors(t *testing.T) {
 	require.ErrorContains(t, p.ServeRegistry(regDir), "not a socket")
 	assert.Empty(t, p.RegistrySocketPath())
 }
+
+// Stop ends a Register that waits for a kubelet.
+func TestStopEndsRegister(t *testing.T) {
+	p, _ := startPlugin(t, Options{})
+	nobody := filepath.Join(tempDir(t), "kubelet.sock")
+	done := make(chan error, 1)
+	go func() { done <- p.Register(nobody) }()
+	p.Stop()
+	select {
+	case err := <-done:
+		assert.Equal(t, codes.Canceled, status.Code(err), "%v", err)
+	case <-time.After(RegisterTimeout / 2):
+		require.FailNow(t, "Register still waits after Stop")
+	}
+}
