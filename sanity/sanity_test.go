@@ -3,7 +3,6 @@ package sanity_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -62,16 +61,13 @@ func newFixture() *fixture {
 	}
 }
 
-// refuseUnknown is the Allocate of a correct plugin: DefaultAllocate for
-// devices it listed, an error for any other.
+// refuseUnknown is the Allocate of a correct plugin, plugintest's own: an
+// error for devices it never listed, DefaultAllocate for the others. Hooks
+// that break one rule wrap it.
 func refuseUnknown(p *plugintest.Plugin) plugintest.AllocateFunc {
 	return func(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
-		for _, cr := range req.ContainerRequests {
-			for _, id := range cr.DevicesIds {
-				if !slices.ContainsFunc(p.Devices(), func(d *pluginapi.Device) bool { return d.ID == id }) {
-					return nil, fmt.Errorf("unknown device %q", id)
-				}
-			}
+		if err := p.CheckListed(req); err != nil {
+			return nil, err
 		}
 		return p.DefaultAllocate(req), nil
 	}
@@ -91,7 +87,6 @@ func (f *fixture) launch(dir string) error {
 	if err != nil {
 		return err
 	}
-	p.SetAllocateFunc(refuseUnknown(p))
 	if f.hooks != nil {
 		f.hooks(p)
 	}
@@ -190,6 +185,56 @@ func TestCorrectPluginPassesEveryCheck(t *testing.T) {
 	assert.Equal(t, sanity.Checks(), names)
 	assert.True(t, rep.Passed())
 	assert.Len(t, f.plugins, 2, "the plugin registered again after the restart")
+}
+
+// plugintest's defaults make a plugin that passes every check its options
+// let run, restart/re-register with Options.Reregister: no hook, and one
+// Register, as a plugin's main would do.
+func TestPlugintestPassesEveryCheck(t *testing.T) {
+	for _, advertise := range []bool{true, false} {
+		var p *plugintest.Plugin
+		rep, err := sanity.Run(t.Context(), sanity.Config{
+			StartPlugin: func(dir string) error {
+				var err error
+				p, err = plugintest.New(plugintest.Options{
+					ResourceName: resource,
+					SocketDir:    dir,
+					Devices: []*pluginapi.Device{
+						{ID: "gpu-0", Health: pluginapi.Healthy, Topology: &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: 0}}}},
+						{ID: "gpu-1", Health: pluginapi.Healthy},
+					},
+					PreStartRequired:                advertise,
+					GetPreferredAllocationAvailable: advertise,
+					CDIDeviceName:                   func(id string) string { return resource + "=" + id },
+					Reregister:                      true,
+				})
+				if err != nil {
+					return err
+				}
+				t.Cleanup(p.Stop)
+				if err := p.Start(); err != nil {
+					return err
+				}
+				return p.Register(filepath.Join(dir, "kubelet.sock"))
+			},
+			TriggerUpdate: func(context.Context) error {
+				p.Update(p.Devices())
+				return nil
+			},
+			NUMANodes:         []int{0},
+			RegisterTimeout:   10 * time.Second,
+			ReregisterTimeout: 10 * time.Second,
+		})
+		require.NoError(t, err)
+		for _, r := range rep.Results {
+			want := sanity.Passed
+			if !advertise && (strings.HasPrefix(r.Name, "preferred-allocation/") || r.Name == "pre-start/answered") {
+				want = sanity.Skipped
+			}
+			assert.Equal(t, want, r.Status, "advertised %v, %s: %q", advertise, r.Name, r.Messages)
+		}
+		assert.Len(t, p.CallsOf(plugintest.MethodGetDevicePluginOptions), 2, "registered twice: first, and after the restart")
+	}
 }
 
 // A plugin that breaks one rule fails the check of that rule, with a
