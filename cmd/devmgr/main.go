@@ -79,6 +79,7 @@ func newRootCmd() *cobra.Command {
   devmgr status|pods|admit|release   talk to a running "devmgr serve"
   devmgr checkpoint inspect|verify   read and check a kubelet_internal_checkpoint
   devmgr sanity               check a device plugin the way the kubelet will use it
+  devmgr fake-plugin          a device plugin of fake devices, to try serve and sanity with
   devmgr version              the version and VCS revision of this binary
 
 The commands that talk to "devmgr serve" find its control socket in
@@ -104,6 +105,7 @@ The commands that talk to "devmgr serve" find its control socket in
 		newStatusCmd(), newPodsCmd(), newAdmitCmd(), newReleaseCmd(),
 		newCheckpointCmd(),
 		newSanityCmd(),
+		newFakePluginCmd(),
 		newVersionCmd(),
 	)
 	classifyRunErrors(root)
