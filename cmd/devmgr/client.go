@@ -170,7 +170,7 @@ It exits 4 when no admitted pod has that UID.`,
   # Release every admitted pod:
   devmgr pods --control-socket /tmp/dp-ctl.sock --json | jq -r '.pods[].uid' |
       xargs -n1 devmgr release --control-socket /tmp/dp-ctl.sock`,
-		Args: cobra.ExactArgs(1),
+		Args: oneArg("UID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var rel releaseResponse
 			if err := o.call(cmd, http.MethodDelete, pathPods+"/"+url.PathEscape(args[0]), nil, &rel); err != nil {

@@ -123,3 +123,14 @@ func TestDemoSaysItTimedOut(t *testing.T) {
 		t.Errorf("--timeout 1ms: exit %d, stderr %q", res.exitCode, res.stderr)
 	}
 }
+
+// The manager's log lines carry its name once.
+func TestDemoLogNamesTheManagerOnce(t *testing.T) {
+	res := runDevmgrBinary(t, nil, "demo", "-v")
+	if res.exitCode != 0 {
+		t.Fatalf("exit %d: %s", res.exitCode, res.stderr)
+	}
+	if !strings.Contains(res.stderr, `logger="devicemanager"`) || strings.Contains(res.stderr, "devicemanager.devicemanager") {
+		t.Errorf("want the manager's lines under logger=\"devicemanager\", once:\n%s", res.stderr)
+	}
+}

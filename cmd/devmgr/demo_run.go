@@ -127,7 +127,7 @@ func (e *demoEnv) startManager(ctx context.Context, admitted []*v1.Pod) error {
 		NUMANodes:   demoNUMANodes,
 		CallTimeout: 5 * time.Second,
 		DialTimeout: 5 * time.Second,
-		Logger:      e.log.WithName("devicemanager"),
+		Logger:      e.log, // the manager names itself "devicemanager"
 	})
 	if err != nil {
 		return err

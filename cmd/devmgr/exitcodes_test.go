@@ -78,7 +78,7 @@ func TestExitCodes(t *testing.T) {
 		{"usage: unknown command", "", []string{"statuz"}, exitUsage, `unknown command "statuz" for "devmgr"`},
 		{"usage: unknown flag", "", []string{"status", "--control-socket", h.sock, "--verbose"}, exitUsage, "unknown flag: --verbose"},
 		{"usage: bad flag value", "", []string{"pods", "--control-socket", h.sock, "--timeout", "soon"}, exitUsage, `invalid argument "soon"`},
-		{"usage: missing argument", "", []string{"release", "--control-socket", h.sock}, exitUsage, "accepts 1 arg(s), received 0"},
+		{"usage: missing argument", "", []string{"release", "--control-socket", h.sock}, exitUsage, "missing UID: usage: devmgr release [--control-socket PATH] UID"},
 		{"usage: extra argument", "", []string{"version", "now"}, exitUsage, `unknown command "now" for "devmgr version"`},
 		{"usage: no control socket", "", []string{"status"}, exitUsage, "no control socket: set --control-socket or $DEVMGR_CONTROL_SOCKET"},
 		{"usage: serve flag check", "", []string{"serve", "--socket-dir", h.dir, "--control-socket", missing, "--log-format", "xml"}, exitUsage,

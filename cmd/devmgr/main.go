@@ -86,7 +86,7 @@ The commands that talk to "devmgr serve" find its control socket in
 --control-socket, or else in $` + envControlSocket + `.
 
 ` + exitCodesHelp,
-		Example: `  # See devmgr work: two fake plugins, four pods, a health change, a restart.
+		Example: `  # See devmgr work: two fake plugins, three pods, a health change, a restart.
   devmgr demo
 
   # A fake kubelet for your device plugin, and a pod admitted through it.

@@ -260,7 +260,7 @@ func TestCommandErrors(t *testing.T) {
 			{"status without a socket", []string{"status"}, exitUsage, []string{"no control socket: set --control-socket or $DEVMGR_CONTROL_SOCKET"}},
 			{"pods without a socket", []string{"pods"}, exitUsage, []string{"no control socket: set --control-socket or $DEVMGR_CONTROL_SOCKET"}},
 			{"admit without a file", []string{"admit", "--control-socket", missing}, exitUsage, []string{`required flag(s) "filename" not set`}},
-			{"release without a UID", []string{"release", "--control-socket", missing}, exitUsage, []string{"accepts 1 arg(s), received 0"}},
+			{"release without a UID", []string{"release", "--control-socket", missing}, exitUsage, []string{"missing UID: usage: devmgr release [--control-socket PATH] UID"}},
 			{"unknown flag", []string{"pods", "--control-sock", missing}, exitUsage, []string{"unknown flag: --control-sock"}},
 			{"control socket not there", []string{"status", "--control-socket", missing}, exitNotFound,
 				[]string{"cannot reach devmgr serve on " + missing, "connect: no such file or directory"}},
