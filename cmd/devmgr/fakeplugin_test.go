@@ -21,38 +21,13 @@ import (
 )
 
 // fakePluginProc is a running "devmgr fake-plugin".
-type fakePluginProc struct {
-	t       *testing.T
-	cmd     *exec.Cmd
-	log     *syncBuffer
-	exited  chan struct{} // closed once the process is reaped
-	waitErr error         // valid once exited is closed
-}
+type fakePluginProc struct{ *proc }
 
 // startFakePlugin starts "devmgr fake-plugin args..."; it is killed when the
 // test ends, if still running.
 func startFakePlugin(t *testing.T, args ...string) *fakePluginProc {
 	t.Helper()
-	p := &fakePluginProc{t: t, log: &syncBuffer{}, exited: make(chan struct{})}
-	p.cmd = exec.Command(binary(t), append([]string{"fake-plugin"}, args...)...)
-	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
-	require.NoError(t, p.cmd.Start())
-	go func() {
-		p.waitErr = p.cmd.Wait()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.exited:
-		default:
-			_ = p.cmd.Process.Kill()
-			<-p.exited
-		}
-		if t.Failed() {
-			t.Logf("devmgr fake-plugin output:\n%s", p.log.String())
-		}
-	})
-	return p
+	return &fakePluginProc{startProc(t, nil, append([]string{"fake-plugin"}, args...)...)}
 }
 
 // waitLog waits up to 10 s for the output to match re.

@@ -69,12 +69,45 @@ func (b *syncBuffer) String() string {
 
 // serveProc is a running "devmgr serve".
 type serveProc struct {
+	*proc
+	ctl string
+}
+
+// proc is a devmgr command a test runs in the background.
+type proc struct {
 	t       *testing.T
 	cmd     *exec.Cmd
-	ctl     string
-	log     *syncBuffer
+	log     *syncBuffer   // its stdout and stderr
 	exited  chan struct{} // closed once the process is reaped
 	waitErr error         // valid once exited is closed
+}
+
+// startProc starts "devmgr args..." with env added to the test's
+// environment. It is killed when the test ends, if still running, and its
+// output is logged if the test failed.
+func startProc(t *testing.T, env []string, args ...string) *proc {
+	t.Helper()
+	p := &proc{t: t, log: &syncBuffer{}, exited: make(chan struct{})}
+	p.cmd = exec.Command(binary(t), args...)
+	p.cmd.Env = append(os.Environ(), env...)
+	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
+	require.NoError(t, p.cmd.Start())
+	go func() {
+		p.waitErr = p.cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.exited:
+		default:
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+		}
+		if t.Failed() {
+			t.Logf("devmgr %s output:\n%s", args[0], p.log.String())
+		}
+	})
+	return p
 }
 
 // startServe starts "devmgr serve --control-socket ctl args..." and waits
@@ -97,27 +130,7 @@ func launchServe(t *testing.T, ctl string, args ...string) *serveProc {
 // environment, without waiting for it.
 func launchServeEnv(t *testing.T, env []string, ctl string, args ...string) *serveProc {
 	t.Helper()
-	p := &serveProc{t: t, ctl: ctl, log: &syncBuffer{}, exited: make(chan struct{})}
-	p.cmd = exec.Command(binary(t), append([]string{"serve", "--control-socket", ctl}, args...)...)
-	p.cmd.Env = append(os.Environ(), env...)
-	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
-	require.NoError(t, p.cmd.Start())
-	go func() {
-		p.waitErr = p.cmd.Wait()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.exited:
-		default:
-			_ = p.cmd.Process.Kill()
-			<-p.exited
-		}
-		if t.Failed() {
-			t.Logf("devmgr serve output:\n%s", p.log.String())
-		}
-	})
-	return p
+	return &serveProc{proc: startProc(t, env, append([]string{"serve", "--control-socket", ctl}, args...)...), ctl: ctl}
 }
 
 // waitReady waits, up to 5 s, for the control socket to answer.
