@@ -3,8 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -32,20 +30,8 @@ const (
 // from: as many claims as healthy devices, never an unhealthy one, and the
 // claim over capacity stays Pending until a device comes back.
 func TestDevmgrPublishesResourceSlicesTheSchedulerAllocates(t *testing.T) {
-	binaries(t)
-	dir, err := os.MkdirTemp("", "e2e")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	c := cluster.StartCluster(t, dir, bins)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-
-	sockDir := filepath.Join(dir, "dp")
-	devmgr := cluster.Start(t, dir, "devmgr", devmgrBin, "serve", "--socket-dir", sockDir, "--control-socket", filepath.Join(dir, "ctl.sock"),
-		"--numa-nodes", "0", "--kubeconfig", c.Kubeconfig, "--node-name", nodeName, "--register-node", "--dra")
-	cluster.Poll(t, ctx, devmgr, "kubelet.sock", 30*time.Second, func() bool { return exists(filepath.Join(sockDir, "kubelet.sock")) })
+	sn := startServeCluster(t, "--register-node", "--dra")
+	c, devmgr, sockDir, ctx := sn.c, sn.devmgr, sn.sockDir, sn.ctx
 
 	// 1. The plugin's first list becomes a pool of four devices.
 	gpus := plugin(t, sockDir, gpu, 4)

@@ -43,22 +43,9 @@ const (
 )
 
 func TestDevmgrPublishesDevicesTheSchedulerUses(t *testing.T) {
-	binaries(t)
-	dir, err := os.MkdirTemp("", "e2e")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	c := cluster.StartCluster(t, dir, bins)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-
-	sockDir := filepath.Join(dir, "dp")
-	serveStart := time.Now()
-	devmgr := cluster.Start(t, dir, "devmgr", devmgrBin, "serve", "--socket-dir", sockDir, "--control-socket", filepath.Join(dir, "ctl.sock"),
-		"--numa-nodes", "0", "--stop-grace-period", gracePeriod.String(), "--metrics-address", "127.0.0.1:0",
-		"--kubeconfig", c.Kubeconfig, "--node-name", nodeName, "--register-node")
-	cluster.Poll(t, ctx, devmgr, "kubelet.sock", 30*time.Second, func() bool { return exists(filepath.Join(sockDir, "kubelet.sock")) })
+	sn := startServeCluster(t, "--stop-grace-period", gracePeriod.String(), "--metrics-address", "127.0.0.1:0", "--register-node")
+	c, devmgr, sockDir, ctx, serveStart := sn.c, sn.devmgr, sn.sockDir, sn.ctx, sn.started
+	dir := filepath.Dir(sockDir)
 
 	gpus := plugin(t, sockDir, gpu, 4)
 	fpgas := plugin(t, sockDir, fpga, 2)
@@ -227,6 +214,39 @@ func TestDevmgrPublishesDevicesTheSchedulerUses(t *testing.T) {
 	if code := wiped.Stop(); code != 0 {
 		t.Fatalf("devmgr serve (wiped) exited %d on SIGTERM", code)
 	}
+}
+
+// servedNode is a control plane and devmgr serve publishing for nodeName.
+type servedNode struct {
+	c       *cluster.Cluster
+	devmgr  *cluster.Process
+	sockDir string          // serve's socket directory, in the run's directory
+	ctx     context.Context // the test's 5 minutes
+	started time.Time       // when serve started
+}
+
+// startServeCluster starts etcd, the API server and the scheduler, and
+// devmgr serve publishing for the node nodeName with args added, in a new
+// directory removed at the end; it returns once serve's kubelet.sock is
+// there.
+func startServeCluster(t *testing.T, args ...string) servedNode {
+	t.Helper()
+	binaries(t)
+	dir, err := os.MkdirTemp("", "e2e")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	c := cluster.StartCluster(t, dir, bins)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	sockDir := filepath.Join(dir, "dp")
+	started := time.Now()
+	devmgr := cluster.Start(t, dir, "devmgr", devmgrBin, append([]string{"serve", "--socket-dir", sockDir,
+		"--control-socket", filepath.Join(dir, "ctl.sock"), "--numa-nodes", "0", "--kubeconfig", c.Kubeconfig, "--node-name", nodeName},
+		args...)...)
+	cluster.Poll(t, ctx, devmgr, "kubelet.sock", 30*time.Second, func() bool { return exists(filepath.Join(sockDir, "kubelet.sock")) })
+	return servedNode{c: c, devmgr: devmgr, sockDir: sockDir, ctx: ctx, started: started}
 }
 
 func plugin(t *testing.T, dir, name string, n int) *plugintest.Plugin {
