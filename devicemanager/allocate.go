@@ -115,12 +115,15 @@ func (c *core) reusable(podUID, resource string) sets.Set[string] {
 }
 
 // checkRequest refuses what the manager cannot record: no pod or container,
-// or a pod UID or container name that is not UTF-8 (JSON, hence the
-// checkpoint, cannot carry it: the file would not verify on the next start).
+// a pod UID that stands for a claim (ClaimPodUID), or a pod UID or container
+// name that is not UTF-8 (JSON, hence the checkpoint, cannot carry it: the
+// file would not verify on the next start).
 func checkRequest(pod *v1.Pod, container *v1.Container) error {
 	switch {
 	case pod == nil || container == nil:
 		return &admissionError{msg: "pod and container must not be nil", sentinel: ErrInvalidRequest}
+	case isClaim(string(pod.UID)):
+		return &admissionError{msg: fmt.Sprintf("pod UID %q is reserved for ResourceClaims", pod.UID), sentinel: ErrInvalidRequest}
 	case !utf8.ValidString(string(pod.UID)) || !utf8.ValidString(container.Name):
 		return &admissionError{
 			msg:      fmt.Sprintf("pod UID %q and container name %q must be valid UTF-8", pod.UID, container.Name),
@@ -216,12 +219,18 @@ func (m *ManagerImpl) allocateContainerResources(ctx context.Context, pod *v1.Po
 			done = append(done, *a)
 		}
 	}
+	return m.commit(podUID, container.Name, done)
+}
+
+// commit records the allocations of done, whose plugin calls succeeded, as
+// the container's records and writes the checkpoint. When the write fails
+// the records are undone and an admission error returned.
+func (m *ManagerImpl) commit(podUID, container string, done []allocated) error {
 	if len(done) == 0 {
 		return nil
 	}
-
 	m.mu.Lock()
-	resources, eff, err := m.core.record(podUID, container.Name, done)
+	resources, eff, err := m.core.record(podUID, container, done)
 	m.signal(eff)
 	m.mu.Unlock()
 	if err != nil {
@@ -233,7 +242,7 @@ func (m *ManagerImpl) allocateContainerResources(ctx context.Context, pod *v1.Po
 	if err := m.persist(eff.gen); err != nil {
 		// Never admitted, so no event: the records go without a trace.
 		m.mu.Lock()
-		m.core.undo(podUID, container.Name, resources)
+		m.core.undo(podUID, container, resources)
 		m.mu.Unlock()
 		return &admissionError{
 			msg:      fmt.Sprintf("failed to write checkpoint, allocation of %v undone: %v", resources, err),
@@ -241,7 +250,7 @@ func (m *ManagerImpl) allocateContainerResources(ctx context.Context, pod *v1.Po
 		}
 	}
 	m.mu.Lock()
-	m.signal(effects{events: m.core.admittedEvents(podUID, container.Name, resources)})
+	m.signal(effects{events: m.core.admittedEvents(podUID, container, resources)})
 	m.mu.Unlock()
 	return nil
 }
@@ -381,7 +390,13 @@ func (m *ManagerImpl) allocateResource(ctx context.Context, log klog.Logger, pod
 		return nil, err
 	}
 	log.V(3).Info("Allocating devices", keyDeviceIDs, ids)
+	return m.callAllocate(ctx, log, name, ep, rid, ids)
+}
 
+// callAllocate asks the plugin to allocate ids, reserved as rid. On failure
+// the reservation is rolled back.
+func (m *ManagerImpl) callAllocate(ctx context.Context, log klog.Logger, name string, ep *endpoint.Endpoint,
+	rid podstate.ReservationID, ids []string) (*allocated, error) {
 	start := time.Now()
 	resp, err := ep.Allocate(ctx, ids)
 	m.metrics.allocDuration.WithLabelValues(name).Observe(time.Since(start).Seconds())

@@ -9,7 +9,8 @@ import (
 )
 
 // GetCapacity returns, per registered resource, its device count (capacity)
-// and its healthy device count (allocatable), and the names of resources it
+// and its healthy device count less the healthy devices ResourceClaims hold
+// (allocatable: what pods can still be given), and the names of resources it
 // removed. A resource whose plugin has been gone for longer than
 // StopGracePeriod is removed here, reported once in removed, and the
 // checkpoint is rewritten without it. Safe before Start and after Stop.
@@ -38,13 +39,28 @@ func (c *core) capacity(now time.Time) (capacity, allocatable v1.ResourceList, r
 			continue
 		}
 		capacity[v1.ResourceName(name)] = *resource.NewQuantity(int64(r.capacityLen()), resource.DecimalSI)
-		allocatable[v1.ResourceName(name)] = *resource.NewQuantity(int64(r.healthyLen()), resource.DecimalSI)
+		allocatable[v1.ResourceName(name)] = *resource.NewQuantity(int64(r.healthyLen()-c.claimedHealthy(r)), resource.DecimalSI)
 	}
 	if len(removed) > 0 {
 		slices.Sort(removed)
 		eff = c.removeResources(removed)
 	}
 	return capacity, allocatable, removed, eff
+}
+
+// claimedHealthy counts the healthy devices of r that claims hold.
+func (c *core) claimedHealthy(r *resourceState) int {
+	n := 0
+	for uid := range c.ledger.Pods() {
+		if isClaim(uid) {
+			for id := range c.ledger.PodDevices(uid, r.name) {
+				if r.isHealthy(id) {
+					n++
+				}
+			}
+		}
+	}
+	return n
 }
 
 // removeResources retires resources whose plugin is gone for good: they

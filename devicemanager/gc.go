@@ -42,7 +42,8 @@ func (m *ManagerImpl) collectInactivePods(reason ReleaseReason) {
 // collectPods drops the records of pods not in active, except pods being
 // admitted and pods that recorded an allocation after commit seen (the
 // active list may predate them), and reports them released for reason. It
-// is the only place records leave the ledger once admitted. The admission
+// and UnprepareClaim are the only places records leave the ledger once
+// admitted; claims are never collected. The admission
 // records of pods that are not active and hold nothing go too.
 func (c *core) collectPods(active []*v1.Pod, seen uint64, reason ReleaseReason) (gone []string, eff effects) {
 	isActive := make(sets.Set[string], len(active))
@@ -51,7 +52,7 @@ func (c *core) collectPods(active []*v1.Pod, seen uint64, reason ReleaseReason) 
 	}
 	for uid := range c.ledger.Pods() {
 		a := c.pods[uid]
-		if !isActive.Has(uid) && (a == nil || a.calls == 0 && a.lastCommit <= seen) {
+		if !isActive.Has(uid) && !isClaim(uid) && (a == nil || a.calls == 0 && a.lastCommit <= seen) {
 			gone = append(gone, uid)
 		}
 	}

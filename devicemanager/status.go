@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/openkubelet/devmgr/podstate"
 )
 
 // ResourceStatus describes one resource for operators and tools: its devices
@@ -28,6 +30,8 @@ type DeviceStatus struct {
 	Health    string // as reported by the plugin; "Unhealthy" while the plugin is gone
 	NUMANodes []int64
 	Allocated bool
+	// Claimed: a ResourceClaim holds it (PrepareClaim); Allocated too.
+	Claimed bool
 }
 
 // EndpointStatus is one plugin instance of a resource.
@@ -70,6 +74,9 @@ func (m *ManagerImpl) Status() []ResourceStatus {
 				health = pluginapi.Unhealthy // the plugin is gone
 			}
 			ds := DeviceStatus{ID: id, Health: health, Allocated: m.core.ledger.IsAllocated(name, id)}
+			if ds.Allocated {
+				ds.Claimed = slices.ContainsFunc(m.core.ledger.Owners(name, id), func(o podstate.ContainerRef) bool { return isClaim(o.PodUID) })
+			}
 			for _, n := range d.GetTopology().GetNodes() {
 				if n != nil {
 					ds.NUMANodes = append(ds.NUMANodes, n.ID)

@@ -30,16 +30,22 @@ const (
 	KeyContainer = "devmgr-container"
 )
 
-// KindPod is the Kind of a call for a pod's container.
-const KindPod = "Pod"
+// The kinds of object a call serves.
+const (
+	// KindPod: a container of a pod.
+	KindPod = "Pod"
+	// KindResourceClaim: a request of a DRA ResourceClaim (package dra);
+	// Container is the request's name.
+	KindResourceClaim = "ResourceClaim"
+)
 
 // Info is what a call says of the object it serves.
 type Info struct {
-	// Kind is KindPod for a container of a pod.
+	// Kind is KindPod or KindResourceClaim.
 	Kind string
-	// Namespace, Name and UID are the pod's.
+	// Namespace, Name and UID are the pod's or the claim's.
 	Namespace, Name, UID string
-	// Container is the container's name.
+	// Container is the container's name, or the claim's request.
 	Container string
 }
 
