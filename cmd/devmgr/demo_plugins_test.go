@@ -100,3 +100,15 @@ func TestLoadDemoPodsRejectsBadManifests(t *testing.T) {
 		})
 	}
 }
+
+// The root help's example says what the demo does: as many fake plugins and
+// pods as it starts and admits.
+func TestRootHelpCountsTheDemo(t *testing.T) {
+	pods, err := loadDemoPods(demo.Pods)
+	require.NoError(t, err)
+	number := []string{"no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"}
+	require.Less(t, len(pods), len(number))
+	require.Less(t, len(demoPluginSpecs()), len(number))
+	want := number[len(demoPluginSpecs())] + " fake plugins, " + number[len(pods)] + " pods"
+	assert.Contains(t, newRootCmd().Example, want)
+}
