@@ -19,3 +19,14 @@ func oneArg(name string) cobra.PositionalArgs {
 		return nil
 	}
 }
+
+// noArgs refuses positional arguments to a command that takes none, naming
+// them. cobra's own check says "unknown command", as if a subcommand had
+// been meant, where a flag's name is usually what is missing
+// ("devmgr status /tmp/ctl.sock").
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return fmt.Errorf("%s takes no arguments, not %q: usage: %s", cmd.CommandPath(), args, cmd.UseLine())
+	}
+	return nil
+}

@@ -56,7 +56,7 @@ and free (healthy devices no container holds), then each device with its
 health and NUMA nodes, then each plugin endpoint with its options.`,
 		Example: `  devmgr status --control-socket /tmp/dp-ctl.sock
   devmgr status --control-socket /tmp/dp-ctl.sock --json | jq '.resources[].free'`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var st statusResponse
 			if err := o.call(cmd, http.MethodGet, pathStatus, nil, &st); err != nil {
@@ -81,7 +81,7 @@ func newPodsCmd() *cobra.Command {
 container holds.`,
 		Example: `  devmgr pods --control-socket /tmp/dp-ctl.sock
   devmgr pods --control-socket /tmp/dp-ctl.sock --json | jq -r '.pods[].uid'`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var pods podsResponse
 			if err := o.call(cmd, http.MethodGet, pathPods, nil, &pods); err != nil {
@@ -134,7 +134,7 @@ names them.`,
 
   # From standard input, printing the server's JSON:
   devmgr admit --control-socket /tmp/dp-ctl.sock -f - --json < pod.json`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			body, err := readPodFile(file, cmd.InOrStdin())
 			if err != nil {

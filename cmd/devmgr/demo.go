@@ -59,7 +59,7 @@ The pods are Kubernetes pod manifests embedded in the binary (testdata/demo).`,
 		Example: `  devmgr demo                 # readable tables
   devmgr demo --json | jq .summary
   devmgr demo -vv             # with the manager's logs on stderr`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// Interrupted, the demo still stops what it started and removes
 			// its directory; so it does when the reader of its log goes

@@ -79,7 +79,7 @@ func TestExitCodes(t *testing.T) {
 		{"usage: unknown flag", "", []string{"status", "--control-socket", h.sock, "--verbose"}, exitUsage, "unknown flag: --verbose"},
 		{"usage: bad flag value", "", []string{"pods", "--control-socket", h.sock, "--timeout", "soon"}, exitUsage, `invalid argument "soon"`},
 		{"usage: missing argument", "", []string{"release", "--control-socket", h.sock}, exitUsage, "missing UID: usage: devmgr release [--control-socket PATH] UID"},
-		{"usage: extra argument", "", []string{"version", "now"}, exitUsage, `unknown command "now" for "devmgr version"`},
+		{"usage: extra argument", "", []string{"version", "now"}, exitUsage, `devmgr version takes no arguments, not ["now"]: usage: devmgr version`},
 		{"usage: no control socket", "", []string{"status"}, exitUsage, "no control socket: set --control-socket or $DEVMGR_CONTROL_SOCKET"},
 		{"usage: serve flag check", "", []string{"serve", "--socket-dir", h.dir, "--control-socket", missing, "--log-format", "xml"}, exitUsage,
 			`--log-format must be text or json, not "xml"`},
@@ -141,6 +141,47 @@ func TestExitCodes(t *testing.T) {
 		}
 		assert.Contains(t, res.stdout, exitCodesHelp)
 	})
+}
+
+// Every command names a positional argument it does not take, with its
+// usage, instead of calling it an unknown command; the commands that take
+// one name it when it is missing. Nothing runs: the arguments are checked
+// before the required flags and the control socket.
+func TestPositionalArguments(t *testing.T) {
+	root := newRootCmd()
+	var leaves []*cobra.Command
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		if c.Runnable() && !c.HasSubCommands() && c.Name() != "help" {
+			leaves = append(leaves, c)
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(root)
+	takesOne := map[string]string{"devmgr release": "UID", "devmgr checkpoint inspect": "FILE", "devmgr checkpoint verify": "FILE"}
+	for _, c := range leaves {
+		path := strings.Fields(c.CommandPath())[1:]
+		// Executed, every command has flags (--help at least).
+		usage := strings.TrimSuffix(c.UseLine(), " [flags]")
+		t.Run(c.CommandPath(), func(t *testing.T) {
+			name, ok := takesOne[c.CommandPath()]
+			if !ok {
+				res := devmgr(t, "", append(path, "extra")...)
+				assert.Equal(t, exitUsage, res.code)
+				assert.Equal(t, fmt.Sprintf("devmgr: %s takes no arguments, not [\"extra\"]: usage: %s [flags]\n", c.CommandPath(), usage), res.stderr)
+				return
+			}
+			res := devmgr(t, "", path...)
+			assert.Equal(t, exitUsage, res.code)
+			assert.Equal(t, fmt.Sprintf("devmgr: missing %s: usage: %s [flags]\n", name, usage), res.stderr)
+			res = devmgr(t, "", append(path, "a", "b")...)
+			assert.Equal(t, exitUsage, res.code)
+			assert.Equal(t, fmt.Sprintf("devmgr: %s takes one %s, not 2 arguments ([\"a\" \"b\"])\n", c.CommandPath(), name), res.stderr)
+		})
+	}
+	assert.Len(t, leaves, 11, "demo, serve, status, pods, admit, release, checkpoint inspect and verify, sanity, fake-plugin, version")
 }
 
 // The client commands take their control socket from $DEVMGR_CONTROL_SOCKET

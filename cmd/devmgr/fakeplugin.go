@@ -77,7 +77,7 @@ be created, the socket cannot be listened on); 2 a bad flag.`,
   # The conformance suite, which passes every check it can run against it.
   devmgr sanity --socket-dir /tmp/dq --numa-nodes 0,1 &
   devmgr fake-plugin --socket-dir /tmp/dq --resource example.com/gpu --numa 0,1 --cdi`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runFakePlugin(cmd, o)
 		},

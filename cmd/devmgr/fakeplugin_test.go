@@ -146,7 +146,7 @@ func TestFakePluginBadFlags(t *testing.T) {
 	}{
 		{[]string{"fake-plugin", "--resource", "example.com/gpu"}, `required flag(s) "socket-dir" not set`},
 		{[]string{"fake-plugin", "--socket-dir", dir}, `required flag(s) "resource" not set`},
-		{append(base, "extra"), `unknown command "extra"`},
+		{append(base, "extra"), `devmgr fake-plugin takes no arguments, not ["extra"]`},
 		{[]string{"fake-plugin", "--socket-dir", dir, "--resource", "gpu"}, `--resource "gpu" is not an extended resource name`},
 		{[]string{"fake-plugin", "--socket-dir", dir, "--resource", "kubernetes.io/gpu"}, `--resource "kubernetes.io/gpu" is not an extended resource name`},
 		{[]string{"fake-plugin", "--socket-dir", file, "--resource", "example.com/gpu"}, "--socket-dir " + file + " is not a directory"},

@@ -82,7 +82,7 @@ regular expression); 4 no plugin (or none for --resource) registered within
 
   # In CI: JUnit XML for the test report, and no restart check.
   devmgr sanity --socket-dir /tmp/dp --junit sanity.xml --skip '^restart/'`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runSanity(cmd, o)
 		},

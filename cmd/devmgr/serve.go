@@ -88,7 +88,7 @@ user running serve can use the control socket (mode 0600).`,
   # Then, in another shell:
   devmgr admit --control-socket /tmp/dp-ctl.sock -f pod.yaml
   devmgr status --control-socket /tmp/dp-ctl.sock`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if !cmd.Flags().Changed("control-socket") {
 				o.controlSocket = os.Getenv(envControlSocket)

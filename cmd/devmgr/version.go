@@ -24,7 +24,7 @@ What was not recorded (a build with -buildvcs=false, or outside a checkout)
 is printed as "unknown".`,
 		Example: `  devmgr version
   go build -o devmgr ./cmd/devmgr && ./devmgr version   # from a checkout: revision and modified set`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			info, ok := debug.ReadBuildInfo()
 			if !ok {
