@@ -110,8 +110,9 @@ user running serve can use the control socket (mode 0600).`,
 	f.BoolVar(&o.sendPodInfo, "send-pod-info", false, "name the pod and container of each Allocate, GetPreferredAllocation and PreStartContainer call in its gRPC metadata (keys devmgr-namespace, devmgr-name, devmgr-uid, devmgr-container; the kubelet sends none)")
 	o.extraOptions.addFlags(f)
 	o.nodeOptions.addFlags(f)
-	if err := cmd.MarkFlagRequired("socket-dir"); err != nil {
-		panic(err) // a flag defined above
+	if err := errors.Join(cmd.MarkFlagRequired("socket-dir"), o.addCompletions(cmd),
+		cmd.RegisterFlagCompletionFunc("log-format", cobra.FixedCompletions([]string{"text", "json"}, cobra.ShellCompDirectiveNoFileComp))); err != nil {
+		panic(err) // flags defined above
 	}
 	return cmd
 }

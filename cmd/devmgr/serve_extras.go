@@ -7,12 +7,14 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"golang.org/x/time/rate"
 	"k8s.io/klog/v2"
@@ -41,7 +43,7 @@ func (o *extraOptions) addFlags(f *pflag.FlagSet) {
 	f.Float64Var(&o.podresourcesQPS, "podresources-qps", podresources.DefaultQPS, "podresources calls allowed per second, on average; calls over the limit fail with ResourceExhausted (0 or less: no limit)")
 	f.IntVar(&o.podresourcesBurst, "podresources-burst", podresources.DefaultBurst, "podresources calls allowed at once, above --podresources-qps")
 	f.StringVar(&o.metricsAddress, "metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, such as 127.0.0.1:9400, and probes: /healthz answers 200 while serve runs, /readyz 200 once the checkpoint is read and the sockets serve, 503 before and after (port 0 picks a free port; the bound address is logged; default: not served)")
-	f.StringVar(&o.topologyPolicy, "topology-policy", policy.None, "the topology manager policy applied to admissions: none, best-effort, restricted or single-numa-node (hints from the device manager, over --numa-nodes); the chosen NUMA affinity aligns the allocation")
+	f.StringVar(&o.topologyPolicy, "topology-policy", policy.None, "the topology manager policy applied to admissions: "+orList(topologyPolicies)+" (hints from the device manager, over --numa-nodes); the chosen NUMA affinity aligns the allocation")
 	f.StringVar(&o.topologyScope, "topology-scope", scopeContainer, "the scope of --topology-policy: container (each container aligned on its own, as it is admitted) or pod (one affinity for all of a pod's containers, from their requests together), as the kubelet's --topology-manager-scope")
 	f.StringVar(&o.pluginsRegistryDir, "plugins-registry-dir", "", "also accept plugins that register through the pluginregistration protocol in this directory, as the kubelet's /var/lib/kubelet/plugins_registry (default: only kubelet.sock)")
 }
@@ -68,6 +70,27 @@ const (
 	scopeContainer = "container"
 	scopePod       = "pod"
 )
+
+// topologyPolicies are the values of --topology-policy, the kubelet's
+// --topology-manager-policy names.
+var topologyPolicies = []string{policy.None, policy.BestEffort, policy.Restricted, policy.SingleNUMANode}
+
+// addCompletions makes shell completion offer the values of the flags that
+// take one of a few names.
+func (o *extraOptions) addCompletions(cmd *cobra.Command) error {
+	return errors.Join(
+		cmd.RegisterFlagCompletionFunc("topology-policy", cobra.FixedCompletions(topologyPolicies, cobra.ShellCompDirectiveNoFileComp)),
+		cmd.RegisterFlagCompletionFunc("topology-scope", cobra.FixedCompletions([]string{scopeContainer, scopePod}, cobra.ShellCompDirectiveNoFileComp)),
+	)
+}
+
+// orList joins names as "a, b or c".
+func orList(names []string) string {
+	if len(names) < 2 {
+		return strings.Join(names, "")
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+}
 
 func (o *extraOptions) config(base serveConfig) (extraConfig, error) {
 	cfg := extraConfig{metricsAddress: o.metricsAddress}
@@ -104,7 +127,10 @@ func (o *extraOptions) config(base serveConfig) (extraConfig, error) {
 		name = policy.None
 	}
 	p, err := policy.New(name, base.numaNodes)
-	if err != nil {
+	switch {
+	case errors.Is(err, policy.ErrUnknown):
+		return cfg, fmt.Errorf("--topology-policy: unknown policy %q: want %s", name, orList(topologyPolicies))
+	case err != nil:
 		return cfg, fmt.Errorf("--topology-policy: %w", err)
 	}
 	cfg.policy = p

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -215,11 +217,27 @@ func TestServeExtraFlagErrors(t *testing.T) {
 		{[]string{"--podresources-socket", filepath.Join(sockDir, "pr.sock")}, "is in --socket-dir"},
 		{[]string{"--podresources-socket", filepath.Join(dir, strings.Repeat("p", 120))}, "a unix socket path holds at most 107"},
 		{[]string{"--metrics-address", "no-port"}, "--metrics-address"},
-		{[]string{"--topology-policy", "strict"}, `--topology-policy: unknown policy: "strict"`},
+		{[]string{"--topology-policy", "strict"}, `--topology-policy: unknown policy "strict": want none, best-effort, restricted or single-numa-node`},
 		{[]string{"--topology-scope", "node"}, `--topology-scope: unknown scope "node": want container or pod`},
 		{[]string{"--podresources-burst", "0"}, "--podresources-burst must be at least 1 with a --podresources-qps limit, not 0"},
 	} {
 		fails(t, nil, append([]string{"serve", "--socket-dir", sockDir, "--control-socket", filepath.Join(dir, "c.sock")}, tc.args...), tc.want)
+	}
+}
+
+// Shell completion offers the names --topology-policy, --topology-scope and
+// --log-format take (cobra's __complete is what the completion scripts run).
+func TestServeFlagCompletion(t *testing.T) {
+	for flag, want := range map[string][]string{
+		"--topology-policy": {"none", "best-effort", "restricted", "single-numa-node"},
+		"--topology-scope":  {"container", "pod"},
+		"--log-format":      {"text", "json"},
+	} {
+		res := devmgr(t, "", cobra.ShellCompRequestCmd, "serve", flag, "")
+		require.Equal(t, exitOK, res.code, res.stderr)
+		lines := strings.Split(strings.TrimSpace(res.stdout), "\n")
+		directive := fmt.Sprintf(":%d", cobra.ShellCompDirectiveNoFileComp)
+		assert.Equal(t, append(slices.Clone(want), directive), lines, flag)
 	}
 }
 
