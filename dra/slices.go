@@ -10,7 +10,8 @@
 // # Devices
 //
 // Each device a plugin lists healthy, and that no device-plugin container
-// holds, is one device of its resource's pool. Its name is the plugin's ID
+// holds, is one device of its resource's pool (a device a claim holds stays
+// in it: the claim's allocation names it). Its name is the plugin's ID
 // when that is a DNS label, else a DNS label made from the ID and a hash of
 // it; its attributes are the resource name (resourceName), the plugin's ID
 // (deviceID) and, for a device on exactly one NUMA node, that node as the
@@ -178,7 +179,7 @@ func Resources(node string, st []devicemanager.ResourceStatus) *resourceslice.Dr
 		var devs []resourceapi.Device
 		seen := map[string]bool{}
 		for _, d := range r.Devices {
-			if d.Health != "Healthy" || d.Allocated {
+			if d.Health != "Healthy" || d.Allocated && !d.Claimed {
 				continue
 			}
 			dev := Device(r.Name, d)

@@ -37,20 +37,23 @@ func names(p []resourceapi.Device) []string {
 	return out
 }
 
-// Each resource is one pool of its healthy devices that no container holds.
+// Each resource is one pool of its healthy devices that no pod holds.
 func TestPoolsHoldTheHealthyFreeDevices(t *testing.T) {
 	held := healthy("gpu-1")
 	held.Allocated = true
 	sick := healthy("gpu-2")
 	sick.Health = "Unhealthy"
+	claimed := healthy("gpu-4")
+	claimed.Allocated, claimed.Claimed = true, true
 	got := dra.Resources("node-a", []devicemanager.ResourceStatus{
-		status("example.com/gpu", healthy("gpu-3", 1), held, sick, healthy("gpu-0", 0)),
+		status("example.com/gpu", healthy("gpu-3", 1), held, sick, healthy("gpu-0", 0), claimed),
 		status("example.com/fpga"),
 	})
 	require.Len(t, got.Pools, 2)
 	gpus := got.Pools["node-a/example.com/gpu"]
 	require.Len(t, gpus.Slices, 1)
-	assert.Equal(t, []string{"gpu-0", "gpu-3"}, names(gpus.Slices[0].Devices), "in name order; held and unhealthy left out")
+	assert.Equal(t, []string{"gpu-0", "gpu-3", "gpu-4"}, names(gpus.Slices[0].Devices),
+		"in name order; held by a pod and unhealthy left out, held by a claim kept")
 	fpgas := got.Pools["node-a/example.com/fpga"]
 	require.Len(t, fpgas.Slices, 1, "a resource without devices has an empty pool")
 	assert.Empty(t, fpgas.Slices[0].Devices)
