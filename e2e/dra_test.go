@@ -2,19 +2,30 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
+	regapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/openkubelet/devmgr/dra"
 	"github.com/openkubelet/devmgr/e2e/cluster"
+	"github.com/openkubelet/devmgr/plugintest"
+	"github.com/openkubelet/devmgr/pluginwatcher"
 )
 
 const (
@@ -82,9 +93,173 @@ func TestDevmgrPublishesResourceSlicesTheSchedulerAllocates(t *testing.T) {
 	})
 	t.Logf("FIGURE device healthy again: claim %s allocated gpu-3 %s later", pending, time.Since(healed).Round(time.Millisecond))
 
+	// 5. The kubelet's side: the driver registers in the plugins registry;
+	// preparing each claim through it, as the kubelet does, allocates its
+	// device through the plugin and returns a CDI device whose spec holds
+	// the plugin's answer. The node's allocatable leaves claimed devices out.
+	reg := watchRegistry(t, filepath.Join(sn.dir, "registry"))
+	kubelet := reg.client(t, ctx, devmgr, 1)
+	claims := allocatedClaims(t, ctx, c)
+	var slowest time.Duration
+	for _, cl := range claims {
+		start := time.Now()
+		prepareClaim(t, ctx, kubelet, sn.dir, cl, allocated[cl.Name])
+		slowest = max(slowest, time.Since(start))
+	}
+	if n := len(gpus.CallsOf(plugintest.MethodAllocate)); n != 4 {
+		t.Fatalf("the plugin got %d Allocate calls for 4 claims", n)
+	}
+	t.Logf("FIGURE allocated claim to prepared: each of 4 claims prepared within %s (NodePrepareResources through the registered driver)", slowest.Round(time.Millisecond))
+	waitAllocatable(t, ctx, c, devmgr, 0)
+	waitSlices(t, ctx, c, devmgr, "claimed devices stay", sliceBound, func(d []string) bool { return len(d) == 4 })
+
+	// 6. serve restarts: the claims stay prepared, without a second
+	// Allocate, through the plugin's new instance.
 	if code := devmgr.Stop(); code != 0 {
 		t.Fatalf("devmgr serve exited %d on SIGTERM", code)
 	}
+	sn.startServe(t)
+	devmgr = sn.devmgr
+	gpus = plugin(t, sockDir, gpu, 4)
+	kubelet = reg.client(t, ctx, devmgr, 2)
+	waitSlices(t, ctx, c, devmgr, "4 devices after the restart", time.Minute, func(d []string) bool { return len(d) == 4 })
+	for _, cl := range claims {
+		prepareClaim(t, ctx, kubelet, sn.dir, cl, allocated[cl.Name])
+	}
+	if n := len(gpus.CallsOf(plugintest.MethodAllocate)); n != 0 {
+		t.Fatalf("after the restart, preparing the claims again called Allocate %d times", n)
+	}
+
+	// 7. Unpreparing removes each spec and frees the devices.
+	for _, cl := range claims {
+		resp, err := kubelet.NodeUnprepareResources(ctx, &drapb.NodeUnprepareResourcesRequest{Claims: []*drapb.Claim{claimRef(cl)}})
+		if err != nil || resp.Claims[string(cl.UID)].GetError() != "" {
+			t.Fatalf("unprepare %s: %v %v", cl.Name, err, resp)
+		}
+		if exists(specPath(sn.dir, cl)) {
+			t.Fatalf("the CDI spec of %s is still there", cl.Name)
+		}
+	}
+	waitAllocatable(t, ctx, c, devmgr, 4)
+	if code := devmgr.Stop(); code != 0 {
+		t.Fatalf("devmgr serve exited %d on SIGTERM", code)
+	}
+}
+
+// registry plays the kubelet's plugin watcher for DRA drivers: it records
+// the endpoint of each registration.
+type registry struct {
+	mu        sync.Mutex
+	endpoints []string
+}
+
+func watchRegistry(t *testing.T, dir string) *registry {
+	t.Helper()
+	r := &registry{}
+	w, err := pluginwatcher.Start(pluginwatcher.Options{Dir: dir, Handlers: map[string]pluginwatcher.Handler{regapi.DRAPlugin: r}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Stop)
+	return r
+}
+
+func (r *registry) ValidatePlugin(_, _ string, versions []string) error {
+	if !slices.Contains(versions, drapb.DRAPluginService) {
+		return fmt.Errorf("no %s in %v", drapb.DRAPluginService, versions)
+	}
+	return nil
+}
+
+func (r *registry) RegisterPlugin(_, endpoint string, _ []string, _ *time.Duration) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.endpoints = append(r.endpoints, endpoint)
+	return nil
+}
+
+func (r *registry) DeRegisterPlugin(string, string) {}
+
+// client waits for the n-th registration and dials its endpoint.
+func (r *registry) client(t *testing.T, ctx context.Context, p *cluster.Process, n int) drapb.DRAPluginClient {
+	t.Helper()
+	var endpoint string
+	cluster.Poll(t, ctx, p, fmt.Sprintf("registration %d of the DRA driver", n), 30*time.Second, func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if len(r.endpoints) < n {
+			return false
+		}
+		endpoint = r.endpoints[n-1]
+		return true
+	})
+	conn, err := grpc.NewClient("unix://"+endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return drapb.NewDRAPluginClient(conn)
+}
+
+// allocatedClaims returns the claims of the default namespace, by name.
+func allocatedClaims(t *testing.T, ctx context.Context, c *cluster.Cluster) []resourceapi.ResourceClaim {
+	t.Helper()
+	list, err := c.Client.ResourceV1().ResourceClaims("default").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(list.Items, func(a, b resourceapi.ResourceClaim) int { return strings.Compare(a.Name, b.Name) })
+	return list.Items
+}
+
+func claimRef(cl resourceapi.ResourceClaim) *drapb.Claim {
+	return &drapb.Claim{Namespace: cl.Namespace, Name: cl.Name, Uid: string(cl.UID)}
+}
+
+func specPath(dir string, cl resourceapi.ResourceClaim) string {
+	return filepath.Join(dir, "cdi", dra.DefaultDriverName+"-"+dra.CDIClass+"_"+string(cl.UID)+".json")
+}
+
+// prepareClaim prepares cl, whose request "gpu" holds device, and checks
+// the answer: the device, one CDI device of devmgr's, and its spec with the
+// environment the plugin's Allocate returned.
+func prepareClaim(t *testing.T, ctx context.Context, kubelet drapb.DRAPluginClient, dir string, cl resourceapi.ResourceClaim, device string) {
+	t.Helper()
+	resp, err := kubelet.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{claimRef(cl)}})
+	if err != nil {
+		t.Fatalf("prepare %s: %v", cl.Name, err)
+	}
+	got := resp.Claims[string(cl.UID)]
+	cdiID := dra.DefaultDriverName + "/" + dra.CDIClass + "=" + string(cl.UID) + "-gpu"
+	if got.GetError() != "" || len(got.Devices) != 1 || got.Devices[0].DeviceName != device ||
+		!slices.Equal(got.Devices[0].CdiDeviceIds, []string{cdiID}) {
+		t.Fatalf("prepare %s: got %v, want device %s with CDI device %s", cl.Name, got, device, cdiID)
+	}
+	b, err := os.ReadFile(specPath(dir, cl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spec cdispec.Spec
+	if err := json.Unmarshal(b, &spec); err != nil {
+		t.Fatal(err)
+	}
+	want := "PLUGINTEST_EXAMPLE_COM_GPU=" + device
+	if len(spec.Devices) != 1 || !slices.Contains(spec.Devices[0].ContainerEdits.Env, want) {
+		t.Fatalf("the CDI spec of %s holds %s, want %s in its one device", cl.Name, b, want)
+	}
+}
+
+// waitAllocatable waits until the Node's allocatable gpus are n.
+func waitAllocatable(t *testing.T, ctx context.Context, c *cluster.Cluster, p *cluster.Process, n int64) {
+	t.Helper()
+	cluster.Poll(t, ctx, p, fmt.Sprintf("allocatable %s = %d", gpu, n), time.Minute, func() bool {
+		node, err := c.Client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		q, ok := node.Status.Allocatable[v1.ResourceName(gpu)]
+		return ok && q.Value() == n
+	})
 }
 
 // waitSlices waits until the devices of the gpu pool (their names, sorted)

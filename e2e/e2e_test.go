@@ -25,6 +25,7 @@ import (
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/openkubelet/devmgr/dra"
 	"github.com/openkubelet/devmgr/e2e/cluster"
 	"github.com/openkubelet/devmgr/nodestatus"
 	"github.com/openkubelet/devmgr/plugintest"
@@ -220,7 +221,9 @@ func TestDevmgrPublishesDevicesTheSchedulerUses(t *testing.T) {
 type servedNode struct {
 	c       *cluster.Cluster
 	devmgr  *cluster.Process
+	dir     string          // the run's directory
 	sockDir string          // serve's socket directory, in the run's directory
+	args    []string        // serve's arguments
 	ctx     context.Context // the test's 5 minutes
 	started time.Time       // when serve started
 }
@@ -241,12 +244,26 @@ func startServeCluster(t *testing.T, args ...string) servedNode {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
 	sockDir := filepath.Join(dir, "dp")
-	started := time.Now()
-	devmgr := cluster.Start(t, dir, "devmgr", devmgrBin, append([]string{"serve", "--socket-dir", sockDir,
+	args = append([]string{"serve", "--socket-dir", sockDir,
 		"--control-socket", filepath.Join(dir, "ctl.sock"), "--numa-nodes", "0", "--kubeconfig", c.Kubeconfig, "--node-name", nodeName},
-		args...)...)
-	cluster.Poll(t, ctx, devmgr, "kubelet.sock", 30*time.Second, func() bool { return exists(filepath.Join(sockDir, "kubelet.sock")) })
-	return servedNode{c: c, devmgr: devmgr, sockDir: sockDir, ctx: ctx, started: started}
+		args...)
+	if slices.Contains(args, "--dra") {
+		// The kubelet's directories, in the run's.
+		args = append(args, "--dra-registry-dir", filepath.Join(dir, "registry"),
+			"--dra-plugin-dir", filepath.Join(dir, "plugins", dra.DefaultDriverName), "--cdi-dir", filepath.Join(dir, "cdi"))
+	}
+	sn := servedNode{c: c, dir: dir, sockDir: sockDir, args: args, ctx: ctx}
+	sn.startServe(t)
+	return sn
+}
+
+// startServe starts devmgr serve and returns once its kubelet.sock is
+// there.
+func (sn *servedNode) startServe(t *testing.T) {
+	t.Helper()
+	sn.started = time.Now()
+	sn.devmgr = cluster.Start(t, sn.dir, "devmgr", devmgrBin, sn.args...)
+	cluster.Poll(t, sn.ctx, sn.devmgr, "kubelet.sock", 30*time.Second, func() bool { return exists(filepath.Join(sn.sockDir, "kubelet.sock")) })
 }
 
 func plugin(t *testing.T, dir, name string, n int) *plugintest.Plugin {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
 	"github.com/openkubelet/devmgr/devicemanager"
@@ -36,6 +38,9 @@ type nodeOptions struct {
 	registerNode      bool
 	dra               bool
 	draDriver         string
+	draRegistryDir    string
+	draPluginDir      string
+	cdiDir            string
 	// hostname returns the host name, the default of --node-name;
 	// os.Hostname when nil.
 	hostname func() (string, error)
@@ -45,8 +50,11 @@ func (o *nodeOptions) addFlags(f *pflag.FlagSet) {
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "publish the device resources (capacity and allocatable) in the status of the Node --node-name of the cluster this kubeconfig file reaches, by server-side apply as field manager \""+nodestatus.DefaultFieldManager+"\" (default: $"+envKubeconfig+", files as kubectl reads it, so serve publishes wherever $"+envKubeconfig+" is set; --kubeconfig= publishes nothing)")
 	f.StringVar(&o.nodeName, "node-name", "", "the Node whose status carries the device resources, with --kubeconfig or $"+envKubeconfig+" (default: the host name, lower-cased, as the kubelet's)")
 	f.BoolVar(&o.registerNode, "register-node", false, "create the Node --node-name when it does not exist (default: wait for it)")
-	f.BoolVar(&o.dra, "dra", false, "also publish the plugins' healthy, unallocated devices as ResourceSlices of the DRA driver --dra-driver, one pool per resource (named NODE/RESOURCE), so that the scheduler can allocate ResourceClaims from them; needs --kubeconfig or $"+envKubeconfig)
+	f.BoolVar(&o.dra, "dra", false, "also be the DRA driver --dra-driver for the plugins' devices: publish the healthy devices no pod holds as ResourceSlices, one pool per resource (named NODE/RESOURCE), so that the scheduler can allocate ResourceClaims from them, and prepare the claims for the kubelet through the plugins' Allocate; needs --kubeconfig or $"+envKubeconfig)
 	f.StringVar(&o.draDriver, "dra-driver", dra.DefaultDriverName, "the DRA driver name of --dra's ResourceSlices")
+	f.StringVar(&o.draRegistryDir, "dra-registry-dir", kubeletplugin.KubeletRegistryDir, "with --dra, the kubelet's plugins registry, where the DRA driver registers so that the kubelet asks it to prepare claims")
+	f.StringVar(&o.draPluginDir, "dra-plugin-dir", "", "with --dra, the directory of the socket the kubelet calls to prepare claims (default "+kubeletplugin.KubeletPluginsDir+"/DRIVER)")
+	f.StringVar(&o.cdiDir, "cdi-dir", dra.DefaultCDIDir, "with --dra, where the CDI specs of prepared claims are written (a directory the container runtime reads)")
 }
 
 // fromEnvironment takes $KUBECONFIG, as getenv gives it, for --kubeconfig
@@ -69,9 +77,9 @@ type nodeConfig struct {
 	kubeconfigSource string
 	nodeName         string
 	registerNode     bool
-	// draDriver is the DRA driver name of the ResourceSlices; "" when
-	// none are published.
-	draDriver string
+	// draDriver is the DRA driver name; "" when serve is no DRA driver.
+	draDriver                            string
+	draRegistryDir, draPluginDir, cdiDir string
 }
 
 // nodeRequestTimeout bounds each request to the API server.
@@ -108,7 +116,7 @@ func (o *nodeOptions) config() (nodeConfig, error) {
 		if errs := validation.IsDNS1123Subdomain(o.draDriver); len(errs) > 0 {
 			return nodeConfig{}, fmt.Errorf("--dra-driver %q is not a valid driver name: %s", o.draDriver, strings.Join(errs, "; "))
 		}
-		cfg.draDriver = o.draDriver
+		cfg.draDriver, cfg.draRegistryDir, cfg.draPluginDir, cfg.cdiDir = o.draDriver, o.draRegistryDir, o.draPluginDir, o.cdiDir
 	}
 	return cfg, nil
 }
@@ -185,6 +193,29 @@ func newSlicePublisher(cfg serveConfig, mgr *devicemanager.ManagerImpl, logger k
 		return nil, fmt.Errorf("dra: %w", err)
 	}
 	return p, nil
+}
+
+// startDRADriver starts the DRA driver that prepares claims for the
+// kubelet, nil when none is configured.
+func startDRADriver(ctx context.Context, cfg serveConfig, mgr *devicemanager.ManagerImpl, logger klog.Logger) (*dra.Driver, error) {
+	if cfg.draDriver == "" {
+		return nil, nil
+	}
+	d, err := dra.StartDriver(ctx, dra.DriverOptions{
+		Manager:     mgr,
+		Client:      cfg.client,
+		NodeName:    cfg.nodeName,
+		DriverName:  cfg.draDriver,
+		RegistryDir: cfg.draRegistryDir,
+		PluginDir:   cfg.draPluginDir,
+		CDIDir:      cfg.cdiDir,
+		Logger:      logger.WithName("dra"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	logger.Info("Serving the DRA driver", "driver", cfg.draDriver, "socketPath", d.SocketPath(), "registryDir", cfg.draRegistryDir, "cdiDir", cfg.cdiDir)
+	return d, nil
 }
 
 // newPublisher returns the publisher of the node's device resources, nil

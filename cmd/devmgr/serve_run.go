@@ -18,6 +18,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/openkubelet/devmgr/devicemanager"
+	"github.com/openkubelet/devmgr/dra"
 	"github.com/openkubelet/devmgr/internal/unixsock"
 	"github.com/openkubelet/devmgr/podadmit"
 )
@@ -44,6 +45,8 @@ type server struct {
 	ctl  *ownedSocket
 	// extras are the optional servers: podresources and metrics.
 	extras *extras
+	// drv is the DRA driver (--dra); nil without it.
+	drv *dra.Driver
 	// ready is what /readyz of the metrics server reports.
 	ready *readiness
 	// failed receives the control API's error if it stops serving on its own.
@@ -147,6 +150,16 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 			ex.stop()
 		}
 	}()
+	// Prepared claims are back with the checkpoint: the kubelet may ask.
+	drv, err := startDRADriver(context.Background(), cfg, mgr, logger)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil && drv != nil {
+			drv.Stop()
+		}
+	}()
 	ctl, err := listenOwned(cfg.controlSocket)
 	if err != nil {
 		return nil, err
@@ -170,6 +183,7 @@ func startServer(cfg serveConfig, logger klog.Logger) (_ *server, err error) {
 		},
 		ctl:    ctl,
 		extras: ex,
+		drv:    drv,
 		ready:  ready,
 		failed: make(chan error, 1),
 		cancel: cancel,
@@ -236,6 +250,9 @@ func (s *server) shutdown() error {
 	s.cancel()
 	s.wg.Wait()
 	s.extras.stop()
+	if s.drv != nil {
+		s.drv.Stop()
+	}
 	s.mgr.Stop()
 	if rmErr != nil {
 		return fmt.Errorf("remove control socket: %w", rmErr)
