@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/klog/v2"
 )
 
 // envControlSocket names the environment variable that gives the client
@@ -27,6 +28,7 @@ type clientOptions struct {
 	controlSocket string
 	json          bool
 	timeout       time.Duration
+	log           klog.Logger // -v 4: each call to serve
 }
 
 func (o *clientOptions) addFlags(cmd *cobra.Command) {
@@ -41,7 +43,9 @@ func (o *clientOptions) addFlags(cmd *cobra.Command) {
 		if o.controlSocket == "" {
 			return &exitError{code: exitUsage, err: errors.New("no control socket: set --control-socket or $" + envControlSocket)}
 		}
-		return nil
+		var err error
+		o.log, err = newLogger("text", logVerbosity(cmd, 0), cmd.ErrOrStderr())
+		return err
 	}
 }
 
@@ -230,6 +234,8 @@ func (o *clientOptions) call(cmd *cobra.Command, method, path string, body []byt
 	if err != nil {
 		return err
 	}
+	start := time.Now()
+	o.log.V(4).Info("Calling devmgr serve", "method", method, "path", path, "controlSocket", o.controlSocket)
 	resp, err := (&http.Client{Transport: transport}).Do(req)
 	if err != nil {
 		// Nothing was sent when the dial failed; after it, serve may have
@@ -249,6 +255,7 @@ func (o *clientOptions) call(cmd *cobra.Command, method, path string, body []byt
 	if err != nil {
 		return fmt.Errorf("read the answer of devmgr serve: %w", err)
 	}
+	o.log.V(4).Info("devmgr serve answered", "status", resp.Status, "bytes", len(raw), "duration", time.Since(start))
 	if o.json {
 		if _, err := cmd.OutOrStdout().Write(raw); err != nil {
 			return err

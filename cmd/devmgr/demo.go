@@ -27,7 +27,6 @@ const defaultDemoTimeout = 30 * time.Second
 func newDemoCmd() *cobra.Command {
 	var (
 		asJSON  bool
-		verbose int
 		timeout time.Duration
 	)
 	cmd := &cobra.Command{
@@ -58,12 +57,12 @@ It then:
 The pods are Kubernetes pod manifests embedded in the binary (testdata/demo).`,
 		Example: `  devmgr demo                 # readable tables
   devmgr demo --json | jq .summary
-  devmgr demo -vv             # with the manager's logs on stderr`,
+  devmgr demo -v 3            # with the manager's logs on stderr (-vv for short)`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// Interrupted, the demo still stops what it started and removes
 			// its directory; so it does when the reader of its log goes
-			// (-vv | head): with SIGPIPE ignored, a write to the closed pipe
+			// (-v 3 | head): with SIGPIPE ignored, a write to the closed pipe
 			// fails instead of killing the process, and the failure ends the
 			// demo.
 			signal.Ignore(syscall.SIGPIPE)
@@ -77,7 +76,7 @@ The pods are Kubernetes pod manifests embedded in the binary (testdata/demo).`,
 			ctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
 			logOut := cancelOnError{w: cmd.ErrOrStderr(), cancel: cancel}
-			rep, err := runDemo(ctx, demoConfig{pods: demo.Pods, logger: demoLogger(verbose, logOut)})
+			rep, err := runDemo(ctx, demoConfig{pods: demo.Pods, logger: demoLogger(logVerbosity(cmd, 0), logOut)})
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				return fmt.Errorf("demo timed out after %s (--timeout): %w", timeout, err)
 			}
@@ -97,7 +96,6 @@ The pods are Kubernetes pod manifests embedded in the binary (testdata/demo).`,
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON document instead of tables")
-	cmd.Flags().CountVarP(&verbose, "verbose", "v", "log to stderr: -v registration and state changes, -vv allocation decisions, -vvv every RPC")
 	cmd.Flags().DurationVar(&timeout, "timeout", defaultDemoTimeout, "give up after this long")
 	return cmd
 }
@@ -119,12 +117,12 @@ func (c cancelOnError) Write(p []byte) (int, error) {
 
 // demoLogger returns the logger of the demo's manager and plugins: silent at
 // verbosity 0, so that the output stays readable, else klog text on w at
-// level 1+verbosity (devmgr logs state changes at V(2), allocation decisions
+// that verbosity (devmgr logs state changes at V(2), allocation decisions
 // at V(3) and RPCs at V(4)).
 func demoLogger(verbosity int, w io.Writer) klog.Logger {
 	if verbosity <= 0 {
 		// A zero klog.Logger would mean klog.Background(), which prints.
 		return logr.Discard()
 	}
-	return textlogger.NewLogger(textlogger.NewConfig(textlogger.Verbosity(1+verbosity), textlogger.Output(w)))
+	return textlogger.NewLogger(textlogger.NewConfig(textlogger.Verbosity(verbosity), textlogger.Output(w)))
 }

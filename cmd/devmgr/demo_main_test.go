@@ -87,7 +87,7 @@ func runDevmgrBinaryIn(t *testing.T, dir string, env []string, args ...string) b
 	return res
 }
 
-// A reader that goes away (devmgr demo -vv 2>&1 | head -1) ends the demo,
+// A reader that goes away (devmgr demo -v 3 2>&1 | head -1) ends the demo,
 // which still stops what it started and removes its directory.
 func TestDemoCleansUpWhenItsReaderGoes(t *testing.T) {
 	tmp := shortTempDir(t)
@@ -126,7 +126,7 @@ func TestDemoSaysItTimedOut(t *testing.T) {
 
 // The manager's log lines carry its name once.
 func TestDemoLogNamesTheManagerOnce(t *testing.T) {
-	res := runDevmgrBinary(t, nil, "demo", "-v")
+	res := runDevmgrBinary(t, nil, "demo", "-v", "2")
 	if res.exitCode != 0 {
 		t.Fatalf("exit %d: %s", res.exitCode, res.stderr)
 	}

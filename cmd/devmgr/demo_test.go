@@ -116,13 +116,28 @@ func TestDemoCommandJSON(t *testing.T) {
 	assert.Equal(t, 6, rep.Restart.Checkpoint.Entries)
 }
 
+// -v N is klog's verbosity, as for every command: 2 shows the manager's
+// registrations, 3 its allocation decisions too; -vv is short for -v 3.
 func TestDemoCommandVerboseLogsToStderr(t *testing.T) {
 	tmp := emptyTempDir(t)
-	res := runDevmgrBinary(t, []string{"TMPDIR=" + tmp}, "demo", "-vv")
+	for _, tc := range []struct {
+		args        []string
+		allocations bool
+	}{{[]string{"-v", "2"}, false}, {[]string{"-v", "3"}, true}, {[]string{"-vv"}, true}} {
+		res := runDevmgrBinary(t, []string{"TMPDIR=" + tmp}, append([]string{"demo"}, tc.args...)...)
+		require.Equal(t, 0, res.exitCode, "stderr:\n%s", res.stderr)
+		assert.Contains(t, res.stderr, `"Registered device plugin"`, tc.args)
+		if tc.allocations {
+			assert.Contains(t, res.stderr, `"Allocating devices"`, tc.args)
+		} else {
+			assert.NotContains(t, res.stderr, `"Allocating devices"`, tc.args)
+		}
+		assert.Contains(t, res.stdout, "== 7. Summary")
+		assert.NotContains(t, res.stdout, "Device manager started", "logs go to stderr only")
+	}
+	res := runDevmgrBinary(t, []string{"TMPDIR=" + tmp}, "demo")
 	require.Equal(t, 0, res.exitCode, "stderr:\n%s", res.stderr)
-	assert.Contains(t, res.stderr, "Device manager started")
-	assert.Contains(t, res.stdout, "== 7. Summary")
-	assert.NotContains(t, res.stdout, "Device manager started", "logs go to stderr only")
+	assert.Empty(t, res.stderr, "no logs without -v")
 }
 
 func TestDemoCommandFailsCleanlyWhenItCannotStart(t *testing.T) {

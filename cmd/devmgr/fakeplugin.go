@@ -31,7 +31,6 @@ type fakePluginOptions struct {
 	numa      []int
 	cdi       bool
 	unhealthy []string
-	verbosity int
 }
 
 // maxFakeDevices bounds --devices: a ListAndWatch message of that many
@@ -89,7 +88,6 @@ be created, the socket cannot be listened on); 2 a bad flag.`,
 	f.IntSliceVar(&o.numa, "numa", nil, "NUMA node ids assigned to the devices round-robin, such as 0,1 (default: no topology)")
 	f.BoolVar(&o.cdi, "cdi", false, "make Allocate name one CDI device per device, RESOURCE=ID")
 	f.StringSliceVar(&o.unhealthy, "unhealthy", nil, "IDs of devices reported Unhealthy, such as gpu-1")
-	f.IntVarP(&o.verbosity, "v", "v", 2, "log verbosity: 2 shows registrations, 4 every call to the plugin")
 	for _, name := range []string{"socket-dir", "resource"} {
 		if err := cmd.MarkFlagRequired(name); err != nil {
 			panic(err) // a flag defined above
@@ -179,7 +177,8 @@ func deviceRange(ids []string) string {
 // runFakePlugin runs "devmgr fake-plugin" until SIGINT or SIGTERM, or the
 // command's context, ends it.
 func runFakePlugin(cmd *cobra.Command, o *fakePluginOptions) error {
-	logger, err := newLogger("text", o.verbosity, cmd.ErrOrStderr())
+	// Its registrations show unless -v says otherwise.
+	logger, err := newLogger("text", logVerbosity(cmd, 2), cmd.ErrOrStderr())
 	if err != nil {
 		return withExitCode(exitUsage, err)
 	}

@@ -159,7 +159,7 @@ func TestFakePluginBadFlags(t *testing.T) {
 		{append(base, "--numa", "zero"), `invalid argument "zero" for "--numa"`},
 		{append(base, "--unhealthy", "gpu-2"), `--unhealthy: no device "gpu-2"; the devices are gpu-0 to gpu-1`},
 		{[]string{"fake-plugin", "--socket-dir", dir, "--resource", "example.com/1gpu", "--cdi"}, "--cdi: example.com/1gpu does not make CDI device names"},
-		{append(base, "-v", "-1"), "-v must not be negative, not -1"},
+		{append(base, "-v", "-1"), `invalid argument "-1" for "-v, --v" flag: want a number from 0`},
 	} {
 		// A command line taken as good would run until the context ends.
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

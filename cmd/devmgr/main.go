@@ -83,7 +83,8 @@ func newRootCmd() *cobra.Command {
   devmgr version              the version and VCS revision of this binary
 
 The commands that talk to "devmgr serve" find its control socket in
---control-socket, or else in $` + envControlSocket + `.
+--control-socket, or else in $` + envControlSocket + `. Every command takes
+-v N, klog's verbosity of the logs on stderr.
 
 ` + exitCodesHelp,
 		Example: `  # See devmgr work: two fake plugins, three pods, a health change, a restart.
@@ -108,6 +109,7 @@ The commands that talk to "devmgr serve" find its control socket in
 		newFakePluginCmd(),
 		newVersionCmd(),
 	)
+	addVerbosityFlag(root)
 	classifyRunErrors(root)
 	return root
 }

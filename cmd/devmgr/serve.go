@@ -94,6 +94,7 @@ user running serve can use the control socket (mode 0600).`,
 				o.controlSocket = os.Getenv(envControlSocket)
 			}
 			o.fromEnvironment(cmd.Flags(), os.Getenv) // --kubeconfig from $KUBECONFIG
+			o.verbosity = logVerbosity(cmd, 0)
 			return runServe(cmd.Context(), o, cmd.ErrOrStderr())
 		},
 	}
@@ -103,7 +104,6 @@ user running serve can use the control socket (mode 0600).`,
 	f.StringVar(&o.controlSocket, "control-socket", "", "path of the unix socket of the control API (admit, release, pods, status) (default: $"+envControlSocket+")")
 	f.IntSliceVar(&o.numaNodes, "numa-nodes", nil, "the machine's NUMA node ids, such as 0,1 (default: read from /sys/devices/system/node; none there means node 0)")
 	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
-	f.IntVarP(&o.verbosity, "v", "v", 0, "log verbosity: 2 shows the manager's registrations and device updates, 3 allocation decisions, 4 every plugin call")
 	f.StringSliceVar(&o.requirePlugin, "require-plugin", nil, "resource names, or domain/*, that only a device plugin serves: admission fails while no plugin registered them (default: such resources are ignored, as by the kubelet)")
 	f.DurationVar(&o.stopGracePeriod, "stop-grace-period", devicemanager.DefaultStopGracePeriod, "how long a resource stays known after its plugin is gone")
 	f.DurationVar(&o.pluginWait, "plugin-wait", 0, "how long an admission waits for a resource's plugin that is known but not ready (after a restart, until it registers again and lists its devices) before it is refused with 503 PluginNotReady; keep it below the clients' --timeout (default: refuse at once)")
