@@ -5,7 +5,8 @@
 // SlicePublisher publishes the plugins' devices as ResourceSlices, one pool
 // per resource and node, with the resourceslice controller of
 // k8s.io/dynamic-resource-allocation: the scheduler then allocates claims
-// from them.
+// from them. Driver is the node side the kubelet calls to prepare those
+// claims: through the plugins' Allocate, with a CDI spec for the runtime.
 //
 // # Devices
 //
