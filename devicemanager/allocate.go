@@ -66,15 +66,10 @@ func (m *ManagerImpl) Allocate(ctx context.Context, pod *v1.Pod, container *v1.C
 // being admitted: other pods with no call in progress lose theirs, and
 // their record when it holds nothing else.
 func (c *core) beginAllocate(podUID string) {
-	a := c.pods[podUID]
-	if a == nil {
-		a = &admission{}
-		c.pods[podUID] = a
-	}
+	a := c.beginCall(podUID)
 	if a.reuse == nil {
 		a.reuse = map[string]sets.Set[string]{}
 	}
-	a.calls++
 	for uid, other := range c.pods {
 		if uid == podUID || other.calls > 0 {
 			continue
@@ -86,7 +81,19 @@ func (c *core) beginAllocate(podUID string) {
 	}
 }
 
-// endAllocate ends an Allocate call of the pod.
+// beginCall counts a call that may record allocations of the pod, which
+// gets an admission record if it has none, and returns the record.
+func (c *core) beginCall(podUID string) *admission {
+	a := c.pods[podUID]
+	if a == nil {
+		a = &admission{}
+		c.pods[podUID] = a
+	}
+	a.calls++
+	return a
+}
+
+// endAllocate ends an Allocate call of the pod (or a beginCall).
 func (c *core) endAllocate(podUID string) {
 	if a := c.pods[podUID]; a != nil {
 		a.calls--

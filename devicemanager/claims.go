@@ -61,7 +61,9 @@ func (m *ManagerImpl) PrepareClaim(ctx context.Context, claim Claim, request, re
 		m.mu.Unlock()
 		return nil, ErrStopped
 	}
-	m.core.beginAllocate(podUID)
+	// Not beginAllocate: a claim has no reuse pool, and must not take a
+	// pod's while the pod's containers are being admitted.
+	m.core.beginCall(podUID)
 	held := m.core.ledger.ContainerDevices(podUID, request, resource)
 	m.mu.Unlock()
 	defer func() {
@@ -91,9 +93,6 @@ func (m *ManagerImpl) PrepareClaim(ctx context.Context, claim Claim, request, re
 		if err := m.commit(podUID, request, []allocated{*a}); err != nil {
 			return nil, err
 		}
-		m.mu.Lock()
-		m.core.containerAdmitted(podUID, request, false)
-		m.mu.Unlock()
 		if err := m.preStartIfNeeded(ctx, podUID, request, resource); err != nil {
 			return nil, err
 		}

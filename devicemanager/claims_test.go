@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	v1 "k8s.io/api/core/v1"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/openkubelet/devmgr/plugintest"
@@ -156,4 +157,19 @@ func TestPrepareClaimCallsPreStartAndNamesTheClaim(t *testing.T) {
 		assert.True(t, ok)
 		assert.Equal(t, want, got, "%s", m)
 	}
+}
+
+// A claim prepared between the containers of a pod leaves the pod its
+// reuse pool: the app container takes the init container's devices.
+func TestPrepareClaimKeepsAnAdmittingPodsReusePool(t *testing.T) {
+	h := newHarness(t).start()
+	h.registered(res1, devices("g", 3))
+	pod := newPod("p", ctr("app", res1, 2))
+	pod.Spec.InitContainers = []v1.Container{ctr("init", res1, 2)}
+	h.pods.add(pod)
+	require.NoError(t, h.m.Allocate(context.Background(), pod, &pod.Spec.InitContainers[0]))
+	_, err := h.prepare(claimA, "g2")
+	require.NoError(t, err)
+	require.NoError(t, h.m.Allocate(context.Background(), pod, &pod.Spec.Containers[0]))
+	assert.Equal(t, h.held(pod, "init", res1), h.held(pod, "app", res1))
 }
