@@ -243,7 +243,9 @@ func startExtras(cfg serveConfig, mgr *devicemanager.ManagerImpl, adm *podadmit.
 			return nil, fmt.Errorf("podresources: %w", err)
 		}
 		ex.podresources = srv
-		logger.Info("Serving podresources", "socketPath", cfg.podresourcesSocket, "qps", cfg.podresourcesQPS, "burst", cfg.podresourcesBurst)
+		if !logger.V(2).Enabled() { // else the server has said it
+			logger.Info("Serving the podresources API", "socketPath", cfg.podresourcesSocket, "qps", cfg.podresourcesQPS, "burst", cfg.podresourcesBurst)
+		}
 	}
 	if cfg.metrics != nil {
 		lis, err := net.Listen("tcp", cfg.metricsAddress)

@@ -25,8 +25,10 @@ type watchedManager interface {
 // plugin registrations and disconnections, device lists and health, and
 // capacity. Its GetCapacity calls also retire resources whose plugin has
 // been gone longer than the grace period, as the kubelet's node status loop
-// does. The manager logs the same events at V(2), with more detail; the
-// watcher makes them visible at the default verbosity.
+// does. The manager logs registrations and disconnections itself at V(2),
+// with the same details: the watcher logs them only below that verbosity,
+// so that each shows once. Device changes it logs at every verbosity: it
+// names the devices, where the manager's V(2) line counts them.
 //
 // A plugin that registers again on the same socket between two polls, with
 // the same devices, is not noticed (the manager logs it at V(2)).
@@ -95,24 +97,8 @@ func (w *watcher) logResource(old devicemanager.ResourceStatus, known bool, r de
 	if !known && r.RestoredFromCheckpoint {
 		log.Info("Resource restored from checkpoint; waiting for its device plugin", "allocated", r.Allocated)
 	}
-	wasRunning := map[string]bool{}
-	for _, e := range old.Endpoints {
-		wasRunning[e.Socket] = !e.Stopped
-	}
-	for _, e := range r.Endpoints {
-		switch {
-		case !e.Stopped && !wasRunning[e.Socket]:
-			log.Info("Device plugin registered", "socketPath", e.Socket,
-				"preStartRequired", e.PreStartRequired, "getPreferredAllocationAvailable", e.GetPreferredAllocationAvailable)
-		case e.Stopped && wasRunning[e.Socket]:
-			log.Info("Device plugin disconnected; its devices are unhealthy until it registers again", "socketPath", e.Socket)
-		}
-		delete(wasRunning, e.Socket)
-	}
-	for socket, running := range wasRunning {
-		if running {
-			log.Info("Device plugin disconnected", "socketPath", socket)
-		}
+	if !w.log.V(2).Enabled() { // else the manager logs them
+		logEndpoints(log, old.Endpoints, r.Endpoints)
 	}
 
 	before := map[string]string{}
@@ -149,6 +135,30 @@ func (w *watcher) logResource(old devicemanager.ResourceStatus, known bool, r de
 		}
 	}
 	log.Info("Devices updated", kv...)
+}
+
+// logEndpoints logs the plugins that registered or disconnected between the
+// endpoints before and now.
+func logEndpoints(log klog.Logger, before, now []devicemanager.EndpointStatus) {
+	wasRunning := map[string]bool{}
+	for _, e := range before {
+		wasRunning[e.Socket] = !e.Stopped
+	}
+	for _, e := range now {
+		switch {
+		case !e.Stopped && !wasRunning[e.Socket]:
+			log.Info("Device plugin registered", "socketPath", e.Socket,
+				"preStartRequired", e.PreStartRequired, "getPreferredAllocationAvailable", e.GetPreferredAllocationAvailable)
+		case e.Stopped && wasRunning[e.Socket]:
+			log.Info("Device plugin disconnected; its devices are unhealthy until it registers again", "socketPath", e.Socket)
+		}
+		delete(wasRunning, e.Socket)
+	}
+	for socket, running := range wasRunning {
+		if running {
+			log.Info("Device plugin disconnected", "socketPath", socket)
+		}
+	}
 }
 
 // briefLimit is the most device IDs a log entry lists.

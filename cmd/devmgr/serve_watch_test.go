@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -142,6 +145,67 @@ func TestWatcherLogsChanges(t *testing.T) {
 	}))
 	cancel()
 	<-done
+}
+
+// At -v 2 the manager logs registrations and disconnections itself, so
+// the watcher leaves them out; it still names the devices that changed.
+func TestWatcherLeavesPluginEventsToTheManagerAtV2(t *testing.T) {
+	var logs logLines
+	logger := funcr.NewJSON(func(obj string) {
+		logs.mu.Lock()
+		defer logs.mu.Unlock()
+		logs.lines = append(logs.lines, obj)
+	}, funcr.Options{Verbosity: 2})
+	f := &fakeWatched{}
+	w := &watcher{mgr: f, log: logger}
+	ep := devicemanager.EndpointStatus{Resource: gpu, Socket: "/dp/gpu.sock"}
+	devs := []devicemanager.DeviceStatus{{ID: "a", Health: "Healthy"}}
+	f.set([]devicemanager.ResourceStatus{{Name: gpu, Capacity: 1, Allocatable: 1, Devices: devs,
+		Endpoints: []devicemanager.EndpointStatus{ep}}}, map[string][2]int64{gpu: {1, 1}})
+	w.poll()
+	out := logs.take()
+	assert.NotContains(t, out, "Device plugin registered")
+	assert.Contains(t, out, `"msg":"Devices updated","resourceName":"example.com/gpu","devices":1,"healthy":1,"added":["a"]`)
+
+	ep.Stopped = true
+	f.set([]devicemanager.ResourceStatus{{Name: gpu, Capacity: 1, Devices: devs,
+		Endpoints: []devicemanager.EndpointStatus{ep}}}, map[string][2]int64{gpu: {1, 0}})
+	w.poll()
+	out = logs.take()
+	assert.NotContains(t, out, "Device plugin disconnected")
+	assert.Contains(t, out, `"msg":"Capacity changed","resourceName":"example.com/gpu","capacity":1,"allocatable":0`)
+}
+
+// serve logs each event once, whatever -v: a plugin's registration and
+// disconnection, the podresources server starting. Below -v 2 serve's own
+// lines say it, from -v 2 the manager's and the podresources server's.
+func TestServeLogsEachEventOnce(t *testing.T) {
+	for _, v := range []string{"0", "2"} {
+		t.Run("-v "+v, func(t *testing.T) {
+			dir := shortTempDir(t)
+			srv := startServe(t, filepath.Join(dir, "ctl.sock"), "--socket-dir", filepath.Join(dir, "dp"), "--numa-nodes", "0,1",
+				"--podresources-socket", filepath.Join(dir, "pr.sock"), "-v", v)
+			p := startPlugin(t, filepath.Join(dir, "dp"), gpus(2))
+			// The watcher has seen the registration, then the disconnection.
+			srv.waitLog(`"Capacity changed" resourceName="example.com/gpu" capacity=2 allocatable=2`)
+			p.Stop()
+			srv.waitLog(`"Capacity changed" resourceName="example.com/gpu" capacity=2 allocatable=0`)
+			require.Equal(t, 0, srv.stop(syscall.SIGTERM))
+
+			log := srv.log.String()
+			for what, re := range map[string]string{
+				"registration":  `"(Registered device plugin|Device plugin registered)" .*resourceName="example.com/gpu"`,
+				"disconnection": `"Device plugin disconnected; its devices are unhealthy until it registers again"`,
+				"podresources":  `"Serving (the )?podresources`,
+			} {
+				lines := regexp.MustCompile(`(?m)^.*`+re+`.*$`).FindAllString(log, -1)
+				assert.Len(t, lines, 1, "%s lines at -v %s", what, v)
+			}
+			if v == "2" {
+				assert.Contains(t, log, `"Registered device plugin" logger="devicemanager"`, "the manager's line, under its name once")
+			}
+		})
+	}
 }
 
 func TestBriefShortensLongLists(t *testing.T) {
