@@ -10,10 +10,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/openkubelet/devmgr/internal/unixsock"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -129,27 +130,20 @@ func Dial(ctx context.Context, resource, path string, opts Options) (*Endpoint, 
 		// would then be reported as the plugin's failure.
 		return nil, fmt.Errorf("failed to dial device plugin: %s: %w", path, status.FromContextError(err).Err())
 	}
-	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", path)
-	}
-	if opts.Dialer != nil {
-		dialer = func(ctx context.Context, _ string) (net.Conn, error) { return opts.Dialer(ctx) }
-	} else if err := checkSocket(path); err != nil {
-		return nil, err
-	}
-	// The target is only an authority; the dialer ignores it, so any path
-	// (spaces, '%', '=') reaches the socket unchanged.
-	conn, err := grpc.NewClient("passthrough:///localhost",
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(dialer),
+	dialOpts := []grpc.DialOption{
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(opts.MaxRecvMsgSize)),
 		// No pings without an open call: a default server counts every
 		// such ping within two hours of the last as a strike.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{
 			Time: opts.KeepaliveTime, Timeout: opts.KeepaliveTimeout, PermitWithoutStream: false,
 		}),
-	)
+	}
+	if opts.Dialer != nil {
+		dialOpts = append(dialOpts, grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return opts.Dialer(ctx) }))
+	} else if err := checkSocket(path); err != nil {
+		return nil, err
+	}
+	conn, err := unixsock.NewClient(path, dialOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("failed to dial device plugin: %s: %w", path, err)
 	}

@@ -22,16 +22,16 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/openkubelet/devmgr/internal/unixsock"
+
 	"github.com/fsnotify/fsnotify"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"k8s.io/klog/v2"
 	regapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 )
@@ -167,12 +167,7 @@ func (w *Watcher) appeared(path string) {
 func (w *Watcher) register(path string) error {
 	ctx, cancel := context.WithTimeout(w.ctx, w.opts.CallTimeout)
 	defer cancel()
-	conn, err := grpc.NewClient("passthrough:///localhost",
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", path)
-		}))
+	conn, err := unixsock.NewClient(path)
 	if err != nil {
 		return err
 	}

@@ -14,7 +14,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -224,12 +223,7 @@ func dialPlugin(ctx context.Context, path string, timeout time.Duration) (*grpc.
 	if fi, err := os.Stat(path); err != nil || fi.Mode().Type() != fs.ModeSocket {
 		return nil, nil, fmt.Errorf("failed to dial device plugin: no unix socket at %s when it registered (a plugin serves, then registers)", path)
 	}
-	conn, err := grpc.NewClient("passthrough:///plugin",
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", path)
-		}))
+	conn, err := unixsock.NewClient(path)
 	if err != nil {
 		return nil, nil, fmt.Errorf("failed to dial device plugin: %w", err)
 	}
