@@ -41,6 +41,8 @@ import (
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
@@ -81,6 +83,11 @@ type SlicePublisherOptions struct {
 	// DriverName is the DRA driver's name (a DNS subdomain); default
 	// DefaultDriverName.
 	DriverName string
+	// DeviceClasses: make a DeviceClass (DeviceClass) for each resource
+	// that has none, so that a pod asking for the resource as an extended
+	// resource (example.com/gpu: 1) is served through DRA on a node whose
+	// status does not advertise it. Existing classes are left as they are.
+	DeviceClasses bool
 	// PollInterval is how often the manager is read; default
 	// DefaultPollInterval.
 	PollInterval time.Duration
@@ -129,7 +136,12 @@ func NewSlicePublisher(opts SlicePublisherOptions) (*SlicePublisher, error) {
 // the controller.
 func (p *SlicePublisher) Run(ctx context.Context) error {
 	log := p.opts.Logger.WithValues("driver", p.opts.DriverName, "node", p.opts.NodeName)
-	want := Resources(p.opts.NodeName, p.opts.Manager.Status())
+	st := p.opts.Manager.Status()
+	want := Resources(p.opts.NodeName, st)
+	made := map[string]bool{} // resources whose class exists
+	if p.opts.DeviceClasses {
+		p.ensureClasses(ctx, log, st, made)
+	}
 	ctrl, err := resourceslice.StartController(klog.NewContext(ctx, log), resourceslice.Options{
 		DriverName: p.opts.DriverName,
 		KubeClient: p.opts.Client,
@@ -152,13 +164,69 @@ func (p *SlicePublisher) Run(ctx context.Context) error {
 			return ctx.Err()
 		case <-tick.C():
 		}
-		next := Resources(p.opts.NodeName, p.opts.Manager.Status())
+		st = p.opts.Manager.Status()
+		if p.opts.DeviceClasses {
+			p.ensureClasses(ctx, log, st, made)
+		}
+		next := Resources(p.opts.NodeName, st)
 		if !sameResources(want, next) {
 			want = next
 			ctrl.Update(want)
 			log.V(2).Info("Device lists changed; ResourceSlices updated", "pools", slices.Sorted(maps.Keys(want.Pools)))
 		}
 	}
+}
+
+// ensureClasses creates the DeviceClass of each resource of st not in
+// made, and adds those that exist to made. Failures are logged and tried
+// again on the next call.
+func (p *SlicePublisher) ensureClasses(ctx context.Context, log klog.Logger, st []devicemanager.ResourceStatus, made map[string]bool) {
+	for _, r := range st {
+		if made[r.Name] {
+			continue
+		}
+		class := DeviceClass(p.opts.DriverName, r.Name)
+		_, err := p.opts.Client.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{FieldManager: "devmgr"})
+		switch {
+		case err == nil:
+			log.Info("Created a DeviceClass for the resource", "deviceClass", class.Name, "resourceName", r.Name)
+		case apierrors.IsAlreadyExists(err):
+		default:
+			log.Error(err, "Creating a DeviceClass", "deviceClass", class.Name, "resourceName", r.Name)
+			continue
+		}
+		made[r.Name] = true
+	}
+}
+
+// DeviceClass returns the DeviceClass of resource's devices published by
+// driver: named DeviceClassName(resource), selecting them by the
+// resourceName attribute, with resource as its extended resource name.
+func DeviceClass(driver, resource string) *resourceapi.DeviceClass {
+	return &resourceapi.DeviceClass{
+		ObjectMeta: metav1.ObjectMeta{Name: DeviceClassName(resource)},
+		Spec: resourceapi.DeviceClassSpec{
+			Selectors:            []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: Selector(driver, resource)}}},
+			ExtendedResourceName: ptr.To(resource),
+		},
+	}
+}
+
+// Selector is the CEL expression that selects resource's devices published
+// by driver.
+func Selector(driver, resource string) string {
+	return fmt.Sprintf("device.driver == %q && device.attributes[%q].%s == %q", driver, driver, AttributeResourceName, resource)
+}
+
+// DeviceClassName returns resource with '/' as '-' when that is a DNS
+// subdomain (example.com-gpu), else a DNS label made from resource and its
+// hash.
+func DeviceClassName(resource string) string {
+	name := strings.ReplaceAll(resource, "/", "-")
+	if len(validation.IsDNS1123Subdomain(name)) == 0 {
+		return name
+	}
+	return hashed(resource, validation.DNS1123LabelMaxLength)
 }
 
 // sameResources reports whether a and b describe the same pools and

@@ -168,6 +168,50 @@ func TestRunPublishesAndFollows(t *testing.T) {
 	}, 30*time.Second, 10*time.Millisecond)
 }
 
+// With DeviceClasses, each resource gets a class that maps its extended
+// resource name to its devices; a class that exists is left alone, and a
+// resource that appears later gets one too.
+func TestRunMakesADeviceClassPerResource(t *testing.T) {
+	mine := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "example.com-fpga"}}
+	client := fake.NewClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a", UID: "uid-a"}}, mine)
+	m := &manager{st: make(chan []devicemanager.ResourceStatus, 1)}
+	m.st <- []devicemanager.ResourceStatus{status("example.com/gpu", healthy("gpu-0")), status("example.com/fpga")}
+	p, err := dra.NewSlicePublisher(dra.SlicePublisherOptions{Manager: m, Client: client, NodeName: "node-a",
+		PollInterval: 10 * time.Millisecond, DeviceClasses: true})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- p.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	class := func(name string) *resourceapi.DeviceClass {
+		c, err := client.ResourceV1().DeviceClasses().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return nil
+		}
+		return c
+	}
+	require.Eventually(t, func() bool { return class("example.com-gpu") != nil }, 30*time.Second, 10*time.Millisecond)
+	gpu := class("example.com-gpu")
+	assert.Equal(t, ptr.To("example.com/gpu"), gpu.Spec.ExtendedResourceName)
+	assert.Equal(t, `device.driver == "devmgr.openkubelet.io" && device.attributes["devmgr.openkubelet.io"].resourceName == "example.com/gpu"`,
+		gpu.Spec.Selectors[0].CEL.Expression)
+	assert.Nil(t, class("example.com-fpga").Spec.ExtendedResourceName, "the existing class is left alone")
+
+	m.set(status("example.com/gpu", healthy("gpu-0")), status("example.com/nic"))
+	require.Eventually(t, func() bool { return class("example.com-nic") != nil }, 30*time.Second, 10*time.Millisecond)
+}
+
+func TestDeviceClassNamesAreValid(t *testing.T) {
+	for _, res := range []string{"example.com/gpu", "Example.COM/GPU_x", "a/" + strings.Repeat("b", 300)} {
+		name := dra.DeviceClassName(res)
+		assert.Empty(t, validation.IsDNS1123Subdomain(name), "%q -> %q", res, name)
+	}
+	assert.NotEqual(t, dra.DeviceClassName("Example.COM/GPU_x"), dra.DeviceClassName("Example.COM/GPU-x"))
+}
+
 func TestOptionsAreChecked(t *testing.T) {
 	client := fake.NewClientset()
 	for _, o := range []dra.SlicePublisherOptions{

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -146,6 +147,88 @@ func TestDevmgrPublishesResourceSlicesTheSchedulerAllocates(t *testing.T) {
 	}
 }
 
+// A pod that asks for the plugin's resource as it always has
+// (example.com/gpu: 1) is served through DRA when serve makes the
+// resource's DeviceClass and leaves the resource out of the Node status: the
+// real scheduler makes the pod's claim, allocates it from devmgr's slices,
+// and devmgr prepares it.
+func TestExtendedResourceRequestsAreServedThroughDRA(t *testing.T) {
+	sn := startServeCluster(t, "--dra", "--dra-device-classes", "--no-node-status")
+	c, devmgr, ctx := sn.c, sn.devmgr, sn.ctx
+	if _, err := c.Client.CoreV1().Nodes().Create(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	becomeReadyNode(t, ctx, c)
+	createDefaultServiceAccount(t, ctx, c)
+	reg := watchRegistry(t, filepath.Join(sn.dir, "registry"))
+
+	gpus := plugin(t, sn.sockDir, gpu, 2)
+	start := time.Now()
+	class := dra.DeviceClassName(gpu)
+	cluster.Poll(t, ctx, devmgr, "DeviceClass "+class, 30*time.Second, func() bool {
+		dc, err := c.Client.ResourceV1().DeviceClasses().Get(ctx, class, metav1.GetOptions{})
+		return err == nil && dc.Spec.ExtendedResourceName != nil && *dc.Spec.ExtendedResourceName == gpu
+	})
+	waitSlices(t, ctx, c, devmgr, "2 devices", time.Minute, func(d []string) bool { return len(d) == 2 })
+	t.Logf("FIGURE extended resource via DRA: DeviceClass %s and a pool of 2 devices %s after the plugin registered", class, since(start))
+	if _, ok := node(t, ctx, c).Status.Allocatable[gpu]; ok {
+		t.Fatalf("the Node status advertises %s with --no-node-status", gpu)
+	}
+
+	schedStart := time.Now()
+	for i := range 3 {
+		createGPUPod(t, ctx, c, fmt.Sprintf("gpu-%d", i))
+	}
+	claimOf := map[string]string{} // pod -> its claim
+	var pending string
+	cluster.Poll(t, ctx, c.Scheduler, "2 pods bound with claims, 1 unschedulable", time.Minute, func() bool {
+		pods, err := c.Client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		clear(claimOf)
+		pending = ""
+		for _, p := range pods.Items {
+			if st := p.Status.ExtendedResourceClaimStatus; p.Spec.NodeName == nodeName && st != nil {
+				claimOf[p.Name] = st.ResourceClaimName
+			}
+			for _, cond := range p.Status.Conditions {
+				if cond.Type == v1.PodScheduled && cond.Reason == v1.PodReasonUnschedulable {
+					pending = p.Name
+				}
+			}
+		}
+		return len(claimOf) == 2 && pending != ""
+	})
+	t.Logf("FIGURE extended resource via DRA: pods %v bound with their claims within %s; %s Pending", claimOf, since(schedStart), pending)
+
+	kubelet := reg.client(t, ctx, devmgr, 1)
+	var held []string
+	for _, cl := range allocatedClaims(t, ctx, c) {
+		if !slices.Contains(slices.Collect(maps.Values(claimOf)), cl.Name) {
+			continue
+		}
+		r := cl.Status.Allocation.Devices.Results
+		if len(r) != 1 || r[0].Pool != gpuPool {
+			t.Fatalf("claim %s holds %v, want one device of %s", cl.Name, r, gpuPool)
+		}
+		prepareClaim(t, ctx, kubelet, sn.dir, cl, r[0].Device)
+		held = append(held, r[0].Device)
+	}
+	slices.Sort(held)
+	if !slices.Equal(held, []string{"gpu-0", "gpu-1"}) {
+		t.Fatalf("the claims hold %v, want each device once", held)
+	}
+	if n := len(gpus.CallsOf(plugintest.MethodAllocate)); n != 2 {
+		t.Fatalf("the plugin got %d Allocate calls for 2 claims", n)
+	}
+	if code := devmgr.Stop(); code != 0 {
+		t.Fatalf("devmgr serve exited %d on SIGTERM", code)
+	}
+}
+
+func since(t time.Time) time.Duration { return time.Since(t).Round(10 * time.Millisecond) }
+
 // registry plays the kubelet's plugin watcher for DRA drivers: it records
 // the endpoint of each registration.
 type registry struct {
@@ -220,7 +303,7 @@ func specPath(dir string, cl resourceapi.ResourceClaim) string {
 	return filepath.Join(dir, "cdi", dra.DefaultDriverName+"-"+dra.CDIClass+"_"+string(cl.UID)+".json")
 }
 
-// prepareClaim prepares cl, whose request "gpu" holds device, and checks
+// prepareClaim prepares cl, whose one request holds device, and checks
 // the answer: the device, one CDI device of devmgr's, and its spec with the
 // environment the plugin's Allocate returned.
 func prepareClaim(t *testing.T, ctx context.Context, kubelet drapb.DRAPluginClient, dir string, cl resourceapi.ResourceClaim, device string) {
@@ -230,7 +313,8 @@ func prepareClaim(t *testing.T, ctx context.Context, kubelet drapb.DRAPluginClie
 		t.Fatalf("prepare %s: %v", cl.Name, err)
 	}
 	got := resp.Claims[string(cl.UID)]
-	cdiID := dra.DefaultDriverName + "/" + dra.CDIClass + "=" + string(cl.UID) + "-gpu"
+	request := cl.Status.Allocation.Devices.Results[0].Request
+	cdiID := dra.DefaultDriverName + "/" + dra.CDIClass + "=" + string(cl.UID) + "-" + request
 	if got.GetError() != "" || len(got.Devices) != 1 || got.Devices[0].DeviceName != device ||
 		!slices.Equal(got.Devices[0].CdiDeviceIds, []string{cdiID}) {
 		t.Fatalf("prepare %s: got %v, want device %s with CDI device %s", cl.Name, got, device, cdiID)

@@ -36,8 +36,10 @@ type nodeOptions struct {
 	kubeconfigFromEnv bool
 	nodeName          string
 	registerNode      bool
+	noNodeStatus      bool
 	dra               bool
 	draDriver         string
+	draDeviceClasses  bool
 	draRegistryDir    string
 	draPluginDir      string
 	cdiDir            string
@@ -52,6 +54,8 @@ func (o *nodeOptions) addFlags(f *pflag.FlagSet) {
 	f.BoolVar(&o.registerNode, "register-node", false, "create the Node --node-name when it does not exist (default: wait for it)")
 	f.BoolVar(&o.dra, "dra", false, "also be the DRA driver --dra-driver for the plugins' devices: publish the healthy devices no pod holds as ResourceSlices, one pool per resource (named NODE/RESOURCE), so that the scheduler can allocate ResourceClaims from them, and prepare the claims for the kubelet through the plugins' Allocate; needs --kubeconfig or $"+envKubeconfig)
 	f.StringVar(&o.draDriver, "dra-driver", dra.DefaultDriverName, "the DRA driver name of --dra's ResourceSlices")
+	f.BoolVar(&o.draDeviceClasses, "dra-device-classes", false, "with --dra, create a DeviceClass for each resource that has none (named after the resource, example.com-gpu), with the resource as its extendedResourceName, so that pods asking for example.com/gpu as before are served through DRA; needs --no-node-status (a node that advertises the resource is served the device-plugin way)")
+	f.BoolVar(&o.noNodeStatus, "no-node-status", false, "with --kubeconfig, do not publish the device resources in the Node status (a kubelet beside serve owns it, or --dra-device-classes serves them through DRA)")
 	f.StringVar(&o.draRegistryDir, "dra-registry-dir", kubeletplugin.KubeletRegistryDir, "with --dra, the kubelet's plugins registry, where the DRA driver registers so that the kubelet asks it to prepare claims")
 	f.StringVar(&o.draPluginDir, "dra-plugin-dir", "", "with --dra, the directory of the socket the kubelet calls to prepare claims (default "+kubeletplugin.KubeletPluginsDir+"/DRIVER)")
 	f.StringVar(&o.cdiDir, "cdi-dir", dra.DefaultCDIDir, "with --dra, where the CDI specs of prepared claims are written (a directory the container runtime reads)")
@@ -77,15 +81,26 @@ type nodeConfig struct {
 	kubeconfigSource string
 	nodeName         string
 	registerNode     bool
+	// nodeStatus: the device resources are published in the Node status.
+	nodeStatus bool
 	// draDriver is the DRA driver name; "" when serve is no DRA driver.
 	draDriver                            string
 	draRegistryDir, draPluginDir, cdiDir string
+	draDeviceClasses                     bool
 }
 
 // nodeRequestTimeout bounds each request to the API server.
 const nodeRequestTimeout = 30 * time.Second
 
 func (o *nodeOptions) config() (nodeConfig, error) {
+	switch {
+	case o.draDeviceClasses && !o.dra:
+		return nodeConfig{}, errors.New("--dra-device-classes needs --dra")
+	case o.draDeviceClasses && !o.noNodeStatus:
+		return nodeConfig{}, errors.New("--dra-device-classes needs --no-node-status: the scheduler serves a resource the Node status advertises the device-plugin way, not through DRA")
+	case o.registerNode && o.noNodeStatus:
+		return nodeConfig{}, errors.New("--register-node needs the Node status: it is the status publisher that registers the Node")
+	}
 	if o.kubeconfig == "" {
 		switch {
 		case o.nodeName != "":
@@ -111,7 +126,8 @@ func (o *nodeOptions) config() (nodeConfig, error) {
 	if err != nil {
 		return nodeConfig{}, fmt.Errorf("%s: %w", source, err)
 	}
-	cfg := nodeConfig{client: client, kubeconfigSource: source, nodeName: nodeName, registerNode: o.registerNode}
+	cfg := nodeConfig{client: client, kubeconfigSource: source, nodeName: nodeName, registerNode: o.registerNode,
+		nodeStatus: !o.noNodeStatus, draDeviceClasses: o.draDeviceClasses}
 	if o.dra {
 		if errs := validation.IsDNS1123Subdomain(o.draDriver); len(errs) > 0 {
 			return nodeConfig{}, fmt.Errorf("--dra-driver %q is not a valid driver name: %s", o.draDriver, strings.Join(errs, "; "))
@@ -183,11 +199,12 @@ func newSlicePublisher(cfg serveConfig, mgr *devicemanager.ManagerImpl, logger k
 		return nil, nil
 	}
 	p, err := dra.NewSlicePublisher(dra.SlicePublisherOptions{
-		Manager:    mgr,
-		Client:     cfg.client,
-		NodeName:   cfg.nodeName,
-		DriverName: cfg.draDriver,
-		Logger:     logger.WithName("dra"),
+		Manager:       mgr,
+		Client:        cfg.client,
+		NodeName:      cfg.nodeName,
+		DriverName:    cfg.draDriver,
+		DeviceClasses: cfg.draDeviceClasses,
+		Logger:        logger.WithName("dra"),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("dra: %w", err)
@@ -222,7 +239,7 @@ func startDRADriver(ctx context.Context, cfg serveConfig, mgr *devicemanager.Man
 // when none is configured. It must be made before the manager starts (see
 // nodestatus.New).
 func newPublisher(cfg serveConfig, mgr *devicemanager.ManagerImpl, logger klog.Logger) (*nodestatus.Publisher, error) {
-	if cfg.client == nil {
+	if cfg.client == nil || !cfg.nodeStatus {
 		return nil, nil
 	}
 	metrics, err := nodestatus.NewMetrics(cfg.registerer())

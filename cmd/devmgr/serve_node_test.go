@@ -36,6 +36,9 @@ func TestServeNodeFlagErrors(t *testing.T) {
 		{[]string{"--dra"}, "--dra needs --kubeconfig or $KUBECONFIG"},
 		{[]string{"--kubeconfig", kubeconfig, "--node-name", "n1", "--dra", "--dra-driver", "Not_A_Domain"}, `--dra-driver "Not_A_Domain" is not a valid driver name`},
 		{[]string{"--kubeconfig", kubeconfig, "--node-name", "Bad_Name"}, `--node-name "Bad_Name" is not a valid node name`},
+		{[]string{"--kubeconfig", kubeconfig, "--node-name", "n1", "--dra-device-classes"}, "--dra-device-classes needs --dra"},
+		{[]string{"--kubeconfig", kubeconfig, "--node-name", "n1", "--dra", "--dra-device-classes"}, "--dra-device-classes needs --no-node-status"},
+		{[]string{"--kubeconfig", kubeconfig, "--node-name", "n1", "--register-node", "--no-node-status"}, "--register-node needs the Node status"},
 		{[]string{"--kubeconfig", filepath.Join(dir, "missing"), "--node-name", "n1"}, "--kubeconfig: stat"},
 		{[]string{"--kubeconfig", writeFile(t, dir, "garbage", "{not yaml"), "--node-name", "n1"}, "--kubeconfig " + filepath.Join(dir, "garbage")},
 	} {
