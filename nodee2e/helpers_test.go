@@ -31,11 +31,12 @@ const (
 
 // reportScript is what every test container runs: it prints, one line each,
 // the device environment it sees (the plugins' and their CDI specs'
-// variables), the contents of the plugins' mounts, and the device nodes and
-// files they put in it, then "done"; an app container then waits for
+// variables), the contents of the plugins' mounts and whether each is
+// read-only (the first option /proc/mounts gives it), and the device nodes
+// and files they put in it, then "done"; an app container then waits for
 // SIGTERM.
 const reportScript = `env | grep -E '^(FPGA|CDI)_' | sort | sed 's/^/env /'
-for d in /fpga/*/; do [ -e "$d/id" ] && echo "mount $d $(cat $d/id)"; done
+for d in /fpga/*/; do [ -e "$d/id" ] && echo "mount $d $(cat $d/id) $(grep " ${d%/} " /proc/mounts | cut -d' ' -f4 | cut -d, -f1)"; done
 for f in /dev/fpga-*; do [ -e "$f" ] && echo "device $f $(stat -c '%F %t:%T' $f)"; done
 for f in /tmp/Dev-* /tmp/CDI-*; do [ -e "$f" ] && echo "file $f $(stat -c '%F' $f)"; done
 echo done
@@ -235,7 +236,7 @@ func nodeReady(n *v1.Node) bool {
 // report is what a container printed of its devices.
 type report struct {
 	env     []string // NAME=value
-	mounts  []string // "/fpga/ID/ ID"
+	mounts  []string // "/fpga/ID/ ID ro"
 	devices []string // "/dev/fpga-N character special file 1:3"
 	files   []string // "/tmp/Dev-1 regular empty file"
 }

@@ -67,8 +67,12 @@ func (s *samplePlugin) restart(t *testing.T) {
 // fpgaPlugin is a plugintest plugin with real device nodes, mounts and CDI
 // specs on the node, and the Allocate responses it gave.
 type fpgaPlugin struct {
-	dir string
-	ids []string
+	// resource is its resource name, and the kind of its CDI devices;
+	// socketDir is where it serves its socket and finds kubelet.sock.
+	resource  string
+	socketDir string
+	dir       string
+	ids       []string
 
 	mu        sync.Mutex
 	p         *plugintest.Plugin
@@ -76,14 +80,16 @@ type fpgaPlugin struct {
 	responses map[string]*pluginapi.ContainerAllocateResponse // by sorted IDs joined
 }
 
-// newFPGAPlugin makes the plugin's host side in dir: per device a
-// directory with a file naming it (the mount), a character device node
-// (1:3, the null device), and the CDI spec in cdiDir.
-func newFPGAPlugin(t *testing.T, dir string) *fpgaPlugin {
+// newFPGAPlugin makes the host side in dir of a plugin of resource that
+// registers at socketDir/kubelet.sock: per device a directory with a file
+// naming it (the mount), a character device node (1:3, the null device),
+// and the CDI spec of kind resource in cdiDir.
+func newFPGAPlugin(t *testing.T, dir, resource, socketDir string) *fpgaPlugin {
 	t.Helper()
-	f := &fpgaPlugin{dir: dir, health: map[string]string{}, responses: map[string]*pluginapi.ContainerAllocateResponse{}}
+	f := &fpgaPlugin{resource: resource, socketDir: socketDir, dir: dir, health: map[string]string{},
+		responses: map[string]*pluginapi.ContainerAllocateResponse{}}
 	var cdi strings.Builder
-	cdi.WriteString(`{"cdiVersion": "0.6.0", "kind": "` + fpgaResource + `", "devices": [`)
+	cdi.WriteString(`{"cdiVersion": "0.6.0", "kind": "` + resource + `", "devices": [`)
 	for i := range fpgaCount {
 		id := fmt.Sprintf("fpga-%d", i)
 		f.ids = append(f.ids, id)
@@ -104,7 +110,7 @@ func newFPGAPlugin(t *testing.T, dir string) *fpgaPlugin {
 		fmt.Fprintf(&cdi, `{"name": %q, "containerEdits": {"env": ["CDI_FPGA_%d=%s"]}}`, id, i, id)
 	}
 	cdi.WriteString("]}\n")
-	cluster.WriteFile(t, filepath.Join(cdiDir, "example.com-fpga.json"), cdi.String())
+	cluster.WriteFile(t, filepath.Join(cdiDir, strings.ReplaceAll(resource, "/", "-")+".json"), cdi.String())
 	return f
 }
 
@@ -112,7 +118,7 @@ func newFPGAPlugin(t *testing.T, dir string) *fpgaPlugin {
 // plugintest.Plugin, as a restarted plugin is new) and registers it.
 func (f *fpgaPlugin) start(t *testing.T) {
 	t.Helper()
-	p, err := plugintest.New(plugintest.Options{ResourceName: fpgaResource, SocketDir: pluginsDir, Devices: f.devices()})
+	p, err := plugintest.New(plugintest.Options{ResourceName: f.resource, SocketDir: f.socketDir, Devices: f.devices()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,8 +133,8 @@ func (f *fpgaPlugin) start(t *testing.T) {
 	if err := p.Start(); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Register(kubeletSocket); err != nil {
-		t.Fatalf("register %s: %v", fpgaResource, err)
+	if err := p.Register(filepath.Join(f.socketDir, "kubelet.sock")); err != nil {
+		t.Fatalf("register %s: %v", f.resource, err)
 	}
 	f.mu.Lock()
 	f.p = p
@@ -179,7 +185,7 @@ func (f *fpgaPlugin) allocate(ids []string) *pluginapi.ContainerAllocateResponse
 	for _, id := range ids {
 		r.Mounts = append(r.Mounts, &pluginapi.Mount{ContainerPath: "/fpga/" + id, HostPath: filepath.Join(f.dir, "data", id), ReadOnly: true})
 		r.Devices = append(r.Devices, &pluginapi.DeviceSpec{ContainerPath: "/dev/" + id, HostPath: filepath.Join(f.dir, "dev", id), Permissions: "rw"})
-		r.CdiDevices = append(r.CdiDevices, &pluginapi.CDIDevice{Name: fpgaResource + "=" + id})
+		r.CdiDevices = append(r.CdiDevices, &pluginapi.CDIDevice{Name: f.resource + "=" + id})
 	}
 	f.mu.Lock()
 	f.responses[strings.Join(ids, ",")] = r
@@ -209,13 +215,17 @@ func (f *fpgaPlugin) expectedReport(t *testing.T, ids, sampleIDs []string) repor
 			r.env = append(r.env, k+"="+v)
 		}
 		for _, m := range resp.GetMounts() {
-			r.mounts = append(r.mounts, fmt.Sprintf("%s/ %s", m.GetContainerPath(), filepath.Base(m.GetContainerPath())))
+			mode := "rw"
+			if m.GetReadOnly() {
+				mode = "ro"
+			}
+			r.mounts = append(r.mounts, fmt.Sprintf("%s/ %s %s", m.GetContainerPath(), filepath.Base(m.GetContainerPath()), mode))
 		}
 		for _, d := range resp.GetDevices() {
 			r.devices = append(r.devices, d.GetContainerPath()+" character special file 1:3")
 		}
 		for _, c := range resp.GetCdiDevices() {
-			id := strings.TrimPrefix(c.GetName(), fpgaResource+"=")
+			id := strings.TrimPrefix(c.GetName(), f.resource+"=")
 			r.env = append(r.env, fmt.Sprintf("CDI_FPGA_%s=%s", strings.TrimPrefix(id, "fpga-"), id))
 		}
 	}

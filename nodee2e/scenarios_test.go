@@ -81,7 +81,7 @@ func (n *node) startPlugins(t *testing.T) (sample, fpga time.Duration) {
 	t.Helper()
 	n.sample = startSamplePlugin(t, n.dir)
 	sample = waitNode(t, n.c, n.k, sampleResource+" 2/2", statusLimit, func(nd *v1.Node) bool { return has(nd, sampleResource, 2, 2) })
-	n.fpga = newFPGAPlugin(t, filepath.Join(n.dir, "fpga"))
+	n.fpga = newFPGAPlugin(t, filepath.Join(n.dir, "fpga"), fpgaResource, pluginsDir)
 	n.fpga.start(t)
 	fpga = waitNode(t, n.c, n.k, fmt.Sprintf("%s %d/%d", fpgaResource, fpgaCount, fpgaCount), statusLimit, func(nd *v1.Node) bool {
 		return has(nd, fpgaResource, fpgaCount, fpgaCount)
