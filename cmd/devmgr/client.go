@@ -51,29 +51,109 @@ func (o *clientOptions) addFlags(cmd *cobra.Command) {
 
 func newStatusCmd() *cobra.Command {
 	o := &clientOptions{}
+	var waitFor []string
 	cmd := &cobra.Command{
 		Use:   "status [--control-socket PATH]",
 		Short: `Show the resources, devices and plugins of a running "devmgr serve"`,
 		Long: `status shows every resource a device plugin registered (or the checkpoint
 restored): capacity (all devices), allocatable (healthy devices), allocated
 and free (healthy devices no container holds), then each device with its
-health and NUMA nodes, then each plugin endpoint with its options.`,
+health and NUMA nodes, then each plugin endpoint with its options.
+
+--wait-for RESOURCE first waits, up to --timeout, until serve answers and a
+device plugin of RESOURCE has registered and listed its devices: for a
+script that starts serve and a plugin in the background and then admits
+pods. It exits 4 when they are not there in time.`,
 		Example: `  devmgr status --control-socket /tmp/dp-ctl.sock
-  devmgr status --control-socket /tmp/dp-ctl.sock --json | jq '.resources[].free'`,
+  devmgr status --control-socket /tmp/dp-ctl.sock --json | jq '.resources[].free'
+
+  # Serve and a plugin started in the background: wait for both.
+  devmgr status --control-socket /tmp/dp-ctl.sock --wait-for example.com/gpu --timeout 30s`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var st statusResponse
-			if err := o.call(cmd, http.MethodGet, pathStatus, nil, &st); err != nil {
-				return err
+			var err error
+			if len(waitFor) > 0 {
+				err = o.waitForPlugins(cmd, waitFor, &st)
+			} else {
+				err = o.call(cmd, http.MethodGet, pathStatus, nil, &st)
 			}
-			if o.json {
-				return nil
+			if err != nil || o.json {
+				return err
 			}
 			return printStatus(cmd.OutOrStdout(), st)
 		},
 	}
 	o.addFlags(cmd)
+	cmd.Flags().StringSliceVar(&waitFor, "wait-for", nil, "first wait, up to --timeout, until serve answers and a device plugin of each of these resources has registered and listed its devices")
 	return cmd
+}
+
+// waitPoll is how often status --wait-for asks serve again.
+const waitPoll = 100 * time.Millisecond
+
+// waitForPlugins asks serve for its status until it answers and every
+// resource of names has a plugin registered that listed devices (the answer
+// is then handled as call handles it), until an error answer, or until
+// --timeout passes.
+func (o *clientOptions) waitForPlugins(cmd *cobra.Command, names []string, out *statusResponse) error {
+	ctx, cancel := context.WithTimeout(cmd.Context(), o.timeout)
+	defer cancel()
+	tick := time.NewTicker(waitPoll)
+	defer tick.Stop()
+	var missing []string // what the last answer lacked
+	var noAnswer error   // why the last call got no answer
+	for {
+		r, err := o.roundTrip(ctx, http.MethodGet, pathStatus, nil)
+		timedOut := ctx.Err() != nil
+		switch {
+		case err == nil && r.code == http.StatusOK:
+			var st statusResponse
+			if json.Unmarshal(r.body, &st) != nil {
+				return o.answer(cmd, r, out) // which says what is wrong with it
+			}
+			if missing = withoutPlugin(st, names); len(missing) == 0 {
+				return o.answer(cmd, r, out)
+			}
+			noAnswer = nil
+		case err == nil: // an error answer: no use waiting
+			return o.answer(cmd, r, out)
+		case timedOut && missing != nil:
+			// Cut short by --timeout: the last answer says what is missing.
+		case timedOut || exitCode(err) == exitNotFound:
+			missing, noAnswer = nil, err
+		default: // serve may have acted on the request, and did not answer
+			return err
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			if missing == nil {
+				return &exitError{code: exitNotFound, err: fmt.Errorf("waited %s (--timeout): %w", o.timeout, noAnswer)}
+			}
+			return &exitError{code: exitNotFound, err: fmt.Errorf("no device plugin of %s registered and listed devices within %s (--timeout)",
+				strings.Join(missing, ", "), o.timeout)}
+		}
+	}
+}
+
+// withoutPlugin returns the resources of names that have no running plugin
+// endpoint in st, or no devices from it.
+func withoutPlugin(st statusResponse, names []string) []string {
+	var missing []string
+	for _, name := range names {
+		listed, running := false, false
+		for _, r := range st.Resources {
+			listed = listed || r.Name == name && r.Capacity > 0 && !r.RestoredFromCheckpoint
+		}
+		for _, e := range st.Endpoints {
+			running = running || e.Resource == name && !e.Stopped
+		}
+		if !listed || !running {
+			missing = append(missing, name)
+		}
+	}
+	return missing
 }
 
 func newPodsCmd() *cobra.Command {
@@ -212,12 +292,29 @@ func readPodFile(name string, stdin io.Reader) ([]byte, error) {
 	return body, nil
 }
 
-// call sends one request to the control socket. With --json, the answer is
-// printed as is, error or not. An error answer becomes an error carrying
-// the server's message; a success answer is decoded into out.
+// call sends one request to the control socket and handles its answer (see
+// answer).
 func (o *clientOptions) call(cmd *cobra.Command, method, path string, body []byte, out any) error {
 	ctx, cancel := context.WithTimeout(cmd.Context(), o.timeout)
 	defer cancel()
+	r, err := o.roundTrip(ctx, method, path, body)
+	if err != nil {
+		return err
+	}
+	return o.answer(cmd, r, out)
+}
+
+// reply is an answer of serve.
+type reply struct {
+	code   int
+	status string // such as "404 Not Found"
+	body   []byte
+}
+
+// roundTrip sends one request to the control socket and returns the
+// answer. Without one, the error's exit code is exitNotFound when nothing
+// was sent (the dial failed), else exitFailure.
+func (o *clientOptions) roundTrip(ctx context.Context, method, path string, body []byte) (reply, error) {
 	transport := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
@@ -232,7 +329,7 @@ func (o *clientOptions) call(cmd *cobra.Command, method, path string, body []byt
 	// The host is a placeholder: the transport always dials the socket.
 	req, err := http.NewRequestWithContext(ctx, method, "http://devmgr"+path, rd)
 	if err != nil {
-		return err
+		return reply{}, err
 	}
 	start := time.Now()
 	o.log.V(4).Info("Calling devmgr serve", "method", method, "path", path, "controlSocket", o.controlSocket)
@@ -245,27 +342,34 @@ func (o *clientOptions) call(cmd *cobra.Command, method, path string, body []byt
 			code = exitNotFound
 		}
 		if errors.Is(err, context.DeadlineExceeded) {
-			return &exitError{code: code, err: fmt.Errorf("no answer from devmgr serve on %s within %s", o.controlSocket, o.timeout)}
+			return reply{}, &exitError{code: code, err: fmt.Errorf("no answer from devmgr serve on %s within %s", o.controlSocket, o.timeout)}
 		}
-		return &exitError{code: code, err: fmt.Errorf("cannot reach devmgr serve on %s (is \"devmgr serve --control-socket %s\" running?): %w",
+		return reply{}, &exitError{code: code, err: fmt.Errorf("cannot reach devmgr serve on %s (is \"devmgr serve --control-socket %s\" running?): %w",
 			o.controlSocket, o.controlSocket, unwrapURLError(err))}
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return fmt.Errorf("read the answer of devmgr serve: %w", err)
+		return reply{}, fmt.Errorf("read the answer of devmgr serve: %w", err)
 	}
 	o.log.V(4).Info("devmgr serve answered", "status", resp.Status, "bytes", len(raw), "duration", time.Since(start))
+	return reply{code: resp.StatusCode, status: resp.Status, body: raw}, nil
+}
+
+// answer handles an answer of serve. With --json, it is printed as is, error
+// or not. An error answer becomes an error carrying the server's message; a
+// success answer is decoded into out.
+func (o *clientOptions) answer(cmd *cobra.Command, r reply, out any) error {
 	if o.json {
-		if _, err := cmd.OutOrStdout().Write(raw); err != nil {
+		if _, err := cmd.OutOrStdout().Write(r.body); err != nil {
 			return err
 		}
 	}
-	if resp.StatusCode >= 300 {
-		return answerError(resp, raw)
+	if r.code >= 300 {
+		return answerError(r)
 	}
-	if err := json.Unmarshal(raw, out); err != nil {
-		return fmt.Errorf("devmgr serve answered %s with something other than the expected JSON: %w", resp.Status, err)
+	if err := json.Unmarshal(r.body, out); err != nil {
+		return fmt.Errorf("devmgr serve answered %s with something other than the expected JSON: %w", r.status, err)
 	}
 	return nil
 }
@@ -275,11 +379,11 @@ func (o *clientOptions) call(cmd *cobra.Command, method, path string, body []byt
 // status: a refusal (400, 409, 413, 422: the pod sent, or the devices it
 // asks for), not found (404), a plugin not ready (503 with reason
 // PluginNotReady), or any other failure.
-func answerError(resp *http.Response, raw []byte) error {
+func answerError(r reply) error {
 	var e errorResponse
-	decodeErr := json.Unmarshal(raw, &e)
+	decodeErr := json.Unmarshal(r.body, &e)
 	code := exitFailure
-	switch resp.StatusCode {
+	switch r.code {
 	case http.StatusBadRequest, http.StatusConflict, http.StatusRequestEntityTooLarge, http.StatusUnprocessableEntity:
 		code = exitRefused
 	case http.StatusNotFound:
@@ -290,13 +394,13 @@ func answerError(resp *http.Response, raw []byte) error {
 		}
 	}
 	if decodeErr != nil || e.Error == "" {
-		return &exitError{code: code, err: fmt.Errorf("devmgr serve answered %s: %s", resp.Status, strings.TrimSpace(string(raw)))}
+		return &exitError{code: code, err: fmt.Errorf("devmgr serve answered %s: %s", r.status, strings.TrimSpace(string(r.body)))}
 	}
 	msg := e.Error
 	if e.Container != "" {
 		msg = fmt.Sprintf("container %q: %s", e.Container, msg)
 	}
-	return &exitError{code: code, err: fmt.Errorf("%s (%s)", msg, resp.Status)}
+	return &exitError{code: code, err: fmt.Errorf("%s (%s)", msg, r.status)}
 }
 
 // unwrapURLError drops the "Post \"http://devmgr/v1/pods\":" prefix, which

@@ -71,7 +71,7 @@ be created, the socket cannot be listened on); 2 a bad flag.`,
 		Example: `  # A fake kubelet, and a plugin of four GPUs on two NUMA nodes for it.
   devmgr serve --socket-dir /tmp/dp --control-socket /tmp/dp-ctl.sock --numa-nodes 0,1 &
   devmgr fake-plugin --socket-dir /tmp/dp --resource example.com/gpu --devices 4 --numa 0,1 &
-  devmgr status --control-socket /tmp/dp-ctl.sock
+  devmgr status --control-socket /tmp/dp-ctl.sock --wait-for example.com/gpu
 
   # The conformance suite, which passes every check it can run against it.
   devmgr sanity --socket-dir /tmp/dq --numa-nodes 0,1 &

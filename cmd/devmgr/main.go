@@ -48,7 +48,8 @@ const (
 	exitRefused = 3
 	// exitNotFound: what was named is not there: no admitted pod with that
 	// UID, no such file, no devmgr serve answering on the control socket
-	// (nothing was sent), or no device plugin registering with sanity.
+	// (nothing was sent), or no device plugin registering with sanity or
+	// within status --wait-for.
 	exitNotFound = 4
 	// exitNotReady: serve refused the admission because a resource's
 	// device plugin is not ready yet (HTTP 503, reason PluginNotReady): a
@@ -64,7 +65,8 @@ const exitCodesHelp = `Exit codes:
   3  refused or corrupt: serve refused the admission, or the checkpoint
      does not verify
   4  not found or unreachable: no such pod or file, nothing serves the
-     control socket, or no device plugin registered with sanity
+     control socket, or no device plugin registered (sanity, status
+     --wait-for)
   5  not ready, retry: serve refused the admission because a device plugin
      has not registered again or listed its devices yet`
 
