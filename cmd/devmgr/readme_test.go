@@ -2,13 +2,18 @@ package main
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -143,6 +148,65 @@ func TestReadmeCommandLines(t *testing.T) {
 			assert.GreaterOrEqual(t, parsed, doc.parsed, "command lines that parse")
 			assert.GreaterOrEqual(t, ran, doc.ran, "command lines run")
 		})
+	}
+}
+
+// quickStart returns the sh block of the quick start in docs/SERVE.md.
+func quickStart(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(repoRoot, "docs", "SERVE.md"))
+	require.NoError(t, err)
+	_, section, found := strings.Cut(string(b), "\n## Quick start\n")
+	require.True(t, found, "docs/SERVE.md has a quick start section")
+	section, _, _ = strings.Cut(section, "\n## ")
+	_, block, found := strings.Cut(section, "\n```sh\n")
+	require.True(t, found, "the quick start has a sh block")
+	block, _, found = strings.Cut(block, "\n```\n")
+	require.True(t, found, "the quick start's block ends")
+	return block
+}
+
+// The quick start runs as written, in bash from the repository's root with
+// the package's devmgr binary on the PATH: serve, fake-plugin, status,
+// admit, pods and sanity, each command succeeding (bash -e), and it leaves
+// nothing behind.
+func TestQuickStart(t *testing.T) {
+	script := quickStart(t)
+	for _, cmd := range []string{"serve", "fake-plugin", "status", "admit", "pods", "sanity"} {
+		assert.Regexp(t, `(?m)^devmgr `+cmd+`\b`, script)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := exec.CommandContext(ctx, "bash", "-e", "-c", script)
+	c.Dir = repoRoot
+	c.Env = append(os.Environ(), "PATH="+filepath.Dir(binary(t))+string(os.PathListSeparator)+os.Getenv("PATH"))
+	// The background jobs share bash's process group: on a timeout, or a
+	// failure that left them running, they all go.
+	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	c.Cancel = func() error { return syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }
+	c.WaitDelay = 5 * time.Second
+	var stdout, stderr bytes.Buffer
+	c.Stdout, c.Stderr = &stdout, &stderr
+	err := c.Run()
+	if c.Process != nil {
+		_ = syscall.Kill(-c.Process.Pid, syscall.SIGKILL)
+	}
+	out := stdout.String()
+	dir := regexp.MustCompile(`(?m)^Socket directory: (/tmp/devmgr\.\w+)/dp$`).FindStringSubmatch(out)
+	if dir != nil {
+		t.Cleanup(func() { _ = os.RemoveAll(dir[1]) })
+	}
+	require.NoError(t, err, "stdout:\n%s\nstderr:\n%s", out, stderr.String())
+
+	require.NotNil(t, dir, "status names the socket directory:\n%s", out)
+	assert.NoDirExists(t, dir[1], "the quick start removes its directory")
+	for _, want := range []string{
+		`(?m)^example\.com/gpu +4 +4 +0 +4 *$`,                                  // status: the fake plugin's 4 GPUs
+		`(?m)^Pod ml/training admitted \(uid training-1\)\.$`,                   // admit
+		`(?m)^training-1 +ml/training +train +example\.com/gpu +gpu-\d,gpu-\d$`, // pods
+		`(?m)^20 passed, 0 failed, 1 skipped$`,                                  // sanity
+	} {
+		assert.Regexp(t, want, out)
 	}
 }
 
