@@ -47,7 +47,7 @@ func (m *ManagerImpl) Allocate(ctx context.Context, pod *v1.Pod, container *v1.C
 	m.mu.Unlock()
 	defer func() {
 		m.mu.Lock()
-		m.core.endAllocate(podUID)
+		m.core.endCall(podUID)
 		m.mu.Unlock()
 	}()
 
@@ -93,8 +93,8 @@ func (c *core) beginCall(podUID string) *admission {
 	return a
 }
 
-// endAllocate ends an Allocate call of the pod (or a beginCall).
-func (c *core) endAllocate(podUID string) {
+// endCall ends an Allocate call of the pod, or a beginCall.
+func (c *core) endCall(podUID string) {
 	if a := c.pods[podUID]; a != nil {
 		a.calls--
 	}

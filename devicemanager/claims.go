@@ -2,6 +2,7 @@ package devicemanager
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -49,8 +50,9 @@ const ReleaseClaimUnprepared ReleaseReason = "ClaimUnprepared"
 // It is idempotent: when the request already holds these devices it calls
 // no plugin and returns what was recorded; when it holds others it fails.
 // A device that is unknown, unhealthy or held by anyone else fails the call
-// and nothing is held. The devices stay the claim's until UnprepareClaim,
-// across restarts.
+// and nothing is held. When PreStartContainer fails, the whole claim is
+// released, so that a retry starts over. The devices stay the claim's until
+// UnprepareClaim, across restarts.
 func (m *ManagerImpl) PrepareClaim(ctx context.Context, claim Claim, request, resource string, ids []string) (*DeviceRunContainerOptions, error) {
 	if claim.UID == "" || request == "" || len(ids) == 0 {
 		return nil, &admissionError{msg: "a claim needs a UID, a request and devices", sentinel: ErrInvalidRequest}
@@ -68,19 +70,12 @@ func (m *ManagerImpl) PrepareClaim(ctx context.Context, claim Claim, request, re
 	m.mu.Unlock()
 	defer func() {
 		m.mu.Lock()
-		m.core.endAllocate(podUID)
+		m.core.endCall(podUID)
 		m.mu.Unlock()
 	}()
 
 	want := sets.New(ids...)
-	switch {
-	case held != nil && !held.Equal(want):
-		return nil, &admissionError{
-			msg: fmt.Sprintf("claim %s/%s request %s already holds %v of %s, not %v",
-				claim.Namespace, claim.Name, request, sets.List(held), resource, sets.List(want)),
-			sentinel: ErrInvalidRequest,
-		}
-	case held == nil:
+	if held == nil {
 		if m.opts.SendPodInfo {
 			ctx = podinfo.NewOutgoingContext(ctx, podinfo.Info{
 				Kind: podinfo.KindResourceClaim, Namespace: claim.Namespace, Name: claim.Name, UID: claim.UID, Container: request,
@@ -93,13 +88,28 @@ func (m *ManagerImpl) PrepareClaim(ctx context.Context, claim Claim, request, re
 		if err := m.commit(podUID, request, []allocated{*a}); err != nil {
 			return nil, err
 		}
-		if err := m.preStartIfNeeded(ctx, podUID, request, resource); err != nil {
-			return nil, err
+		m.mu.Lock()
+		held = m.core.ledger.ContainerDevices(podUID, request, resource) // a concurrent call may have recorded first
+		m.mu.Unlock()
+		if held.Equal(want) {
+			if err := m.preStartIfNeeded(ctx, podUID, request, resource); err != nil {
+				return nil, errors.Join(err, m.dropClaim(podUID, true))
+			}
+		}
+	}
+	if !held.Equal(want) {
+		return nil, &admissionError{
+			msg: fmt.Sprintf("claim %s/%s request %s holds %v of %s, not %v",
+				claim.Namespace, claim.Name, request, sets.List(held), resource, sets.List(want)),
+			sentinel: ErrInvalidRequest,
 		}
 	}
 	m.mu.Lock()
 	opts, _ := m.core.ledger.RunOptions(podUID, request)
 	m.mu.Unlock()
+	if opts == nil {
+		return nil, fmt.Errorf("claim %s/%s was unprepared while it was prepared", claim.Namespace, claim.Name)
+	}
 	return opts, nil
 }
 
@@ -143,19 +153,46 @@ func (c *core) checkExact(podUID, request, name string, ids []string, now time.T
 }
 
 // UnprepareClaim releases every device the claim holds and writes the
-// checkpoint. A claim that holds nothing is not an error.
+// checkpoint. A claim that holds nothing is not an error, and the checkpoint
+// is written again if an earlier write failed. While the claim is being
+// prepared it fails: unprepare it once that call has returned.
 func (m *ManagerImpl) UnprepareClaim(claimUID string) error {
-	podUID := ClaimPodUID(claimUID)
+	return m.dropClaim(ClaimPodUID(claimUID), false)
+}
+
+// PreparedClaims returns, sorted, the UIDs of the claims that hold devices.
+func (m *ManagerImpl) PreparedClaims() []string {
 	m.mu.Lock()
-	if !m.core.ledger.HasPod(podUID) {
-		m.mu.Unlock()
-		return nil
+	defer m.mu.Unlock()
+	var uids []string
+	for uid := range m.core.ledger.Pods() {
+		if isClaim(uid) {
+			uids = append(uids, strings.TrimPrefix(uid, claimUIDPrefix))
+		}
 	}
-	eff := m.core.releaseClaim(podUID)
-	m.signal(eff)
+	slices.Sort(uids)
+	return uids
+}
+
+// dropClaim is UnprepareClaim; inCall: the caller is a PrepareClaim of the
+// claim.
+func (m *ManagerImpl) dropClaim(podUID string, inCall bool) error {
+	m.mu.Lock()
+	if m.state == stopped {
+		m.mu.Unlock()
+		return ErrStopped
+	}
+	if a := m.core.pods[podUID]; a != nil && a.calls > 0 && !inCall {
+		m.mu.Unlock()
+		return fmt.Errorf("claim %s is being prepared; unprepare it once that ends", strings.TrimPrefix(podUID, claimUIDPrefix))
+	}
+	if m.core.ledger.HasPod(podUID) {
+		m.signal(m.core.releaseClaim(podUID))
+	}
+	gen := m.core.gen
 	m.mu.Unlock()
-	if err := m.persist(eff.gen); err != nil {
-		return fmt.Errorf("claim %s released, but the checkpoint was not written: %w", claimUID, err)
+	if err := m.persist(gen); err != nil {
+		return fmt.Errorf("claim %s released, but the checkpoint was not written: %w", strings.TrimPrefix(podUID, claimUIDPrefix), err)
 	}
 	return nil
 }

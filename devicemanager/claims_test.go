@@ -2,6 +2,7 @@ package devicemanager
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -68,7 +69,7 @@ func TestPrepareClaimIsIdempotent(t *testing.T) {
 
 	_, err = h.prepare(claimA, "g1")
 	require.ErrorIs(t, err, ErrInvalidRequest)
-	assert.Contains(t, err.Error(), "already holds [g0]")
+	assert.Contains(t, err.Error(), "holds [g0]")
 	assert.Equal(t, []string{"g0"}, h.claimed(claimA))
 }
 
@@ -172,4 +173,60 @@ func TestPrepareClaimKeepsAnAdmittingPodsReusePool(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, h.m.Allocate(context.Background(), pod, &pod.Spec.Containers[0]))
 	assert.Equal(t, h.held(pod, "init", res1), h.held(pod, "app", res1))
+}
+
+// A failed PreStartContainer releases the claim: the kubelet's retry
+// starts over, PreStartContainer included.
+func TestPrepareClaimStartsOverAfterAFailedPreStart(t *testing.T) {
+	h := newHarness(t).start()
+	p := h.registered(res1, devices("g", 2), func(o *plugintest.Options) { o.PreStartRequired = true })
+	p.SetError(plugintest.MethodPreStartContainer, errors.New("card busy"))
+	_, err := h.prepare(claimA, "g0")
+	require.ErrorContains(t, err, "card busy")
+	assert.Empty(t, h.claimed(claimA), "released")
+	assert.Empty(t, h.m.PreparedClaims())
+
+	p.SetError(plugintest.MethodPreStartContainer, nil)
+	_, err = h.prepare(claimA, "g0")
+	require.NoError(t, err)
+	assert.Len(t, p.CallsOf(plugintest.MethodPreStartContainer), 2)
+	assert.Len(t, p.CallsOf(plugintest.MethodAllocate), 2)
+	assert.Equal(t, []string{claimA.UID}, h.m.PreparedClaims())
+}
+
+// An unprepare whose checkpoint write failed writes it when retried: a
+// restart then does not bring the claim back.
+func TestUnprepareClaimWritesAgainAfterAFailedWrite(t *testing.T) {
+	h := newHarness(t).start()
+	h.registered(res1, devices("g", 2))
+	_, err := h.prepare(claimA, "g0")
+	require.NoError(t, err)
+	store := h.faultyStore()
+	store.set(true, false)
+	require.ErrorContains(t, h.m.UnprepareClaim(claimA.UID), "checkpoint was not written")
+	store.set(false, false)
+	require.NoError(t, h.m.UnprepareClaim(claimA.UID))
+
+	h.restart(nil, nil)
+	assert.Empty(t, h.m.PreparedClaims())
+}
+
+// An unprepare while the claim's Allocate is in flight is refused, so that
+// the allocation cannot land after it and stay forever.
+func TestUnprepareClaimWaitsForAPrepareInFlight(t *testing.T) {
+	h := newHarness(t).start()
+	p := h.registered(res1, devices("g", 2))
+	release := p.Block(plugintest.MethodAllocate)
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.prepare(claimA, "g0")
+		done <- err
+	}()
+	_, err := p.WaitForCalls(h.waitCtx(), plugintest.MethodAllocate, 1)
+	require.NoError(t, err)
+	require.ErrorContains(t, h.m.UnprepareClaim(claimA.UID), "is being prepared")
+	release()
+	require.NoError(t, <-done)
+	require.NoError(t, h.m.UnprepareClaim(claimA.UID))
+	assert.Empty(t, h.m.PreparedClaims())
 }

@@ -35,7 +35,7 @@ func newTestCore(t *testing.T, l limits, clk *testingclock.FakeClock, res string
 func admitInCore(t *testing.T, c *core, pod, container, res string, ids ...string) effects {
 	t.Helper()
 	c.beginAllocate(pod)
-	defer c.endAllocate(pod)
+	defer c.endCall(pod)
 	rid, err := c.ledger.Reserve(pod, container, res, ids)
 	require.NoError(t, err)
 	got, eff, err := c.record(pod, container, []allocated{{rid: rid, resource: res, ids: ids, resp: &pluginapi.ContainerAllocateResponse{}}})
@@ -57,11 +57,11 @@ func TestCoreAdmissionRecordLivesFromFirstAllocateToCollection(t *testing.T) {
 	// An admission that recorded nothing leaves a record only until
 	// another pod's admission begins.
 	c.beginAllocate("idle")
-	c.endAllocate("idle")
+	c.endCall("idle")
 	require.Contains(t, c.pods, "idle")
 	c.beginAllocate("other")
 	assert.NotContains(t, c.pods, "idle", "a record that holds nothing goes when another pod is admitted")
-	c.endAllocate("other")
+	c.endCall("other")
 
 	// A recorded allocation changes the checkpoint and stamps the pod.
 	eff := admitInCore(t, c, "p", "app", res1, "d0")
@@ -75,7 +75,7 @@ func TestCoreAdmissionRecordLivesFromFirstAllocateToCollection(t *testing.T) {
 	c.beginAllocate("q")
 	assert.Nil(t, c.pods["p"].reuse)
 	assert.Contains(t, c.pods, "p")
-	c.endAllocate("q")
+	c.endCall("q")
 
 	// A list of active pods read before p's commit does not collect it.
 	gone, _ := c.collectPods(nil, stamp-1, ReleasePodInactive)
@@ -84,7 +84,7 @@ func TestCoreAdmissionRecordLivesFromFirstAllocateToCollection(t *testing.T) {
 	c.beginAllocate("p")
 	gone, _ = c.collectPods(nil, stamp, ReleasePodInactive)
 	assert.Empty(t, gone)
-	c.endAllocate("p")
+	c.endCall("p")
 	// Nor while it is active.
 	gone, _ = c.collectPods([]*v1.Pod{activePod("p")}, stamp, ReleasePodInactive)
 	assert.Empty(t, gone)
@@ -109,14 +109,14 @@ func TestCoreReusePoolGoesToLaterContainersOfThePod(t *testing.T) {
 	_, _, err = c.record("p", "init", []allocated{{rid: rid, resource: res1, ids: []string{"d1"}, resp: &pluginapi.ContainerAllocateResponse{}}})
 	require.NoError(t, err)
 	c.containerAdmitted("p", "init", true)
-	c.endAllocate("p")
+	c.endCall("p")
 	assert.Equal(t, []string{"d1"}, sets.List(c.reusable("p", res1)))
 
 	c.beginAllocate("p")
 	in, _, err := c.selection("p", "app", res1, 1, nil, false, clk.Now())
 	require.NoError(t, err)
 	assert.Equal(t, []string{"d1"}, in.Reusable, "the init container's device is offered first")
-	c.endAllocate("p")
+	c.endCall("p")
 	assert.Nil(t, c.reusable("other", res1))
 }
 
