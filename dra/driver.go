@@ -9,12 +9,15 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
@@ -35,6 +38,8 @@ type Manager interface {
 	Source
 	PrepareClaim(ctx context.Context, claim devicemanager.Claim, request, resource string, ids []string) (*devicemanager.DeviceRunContainerOptions, error)
 	UnprepareClaim(claimUID string) error
+	PreparedClaims() []string
+	GetDevices(podUID, container string) devicemanager.ResourceDeviceInstances
 }
 
 // DriverOptions configure a Driver.
@@ -56,8 +61,19 @@ type DriverOptions struct {
 	// CDIDir is where the CDI specs of prepared claims are written;
 	// default DefaultCDIDir. Created if missing.
 	CDIDir string
+	// SweepInterval is how often prepared claims are checked against the
+	// API server: a claim that is gone, or no longer allocated, is
+	// unprepared (the kubelet lost track of it). Default
+	// DefaultSweepInterval.
+	SweepInterval time.Duration
+	// Clock default: the real clock.
+	Clock  clock.WithTicker
 	Logger klog.Logger
 }
+
+// DefaultSweepInterval is how often a Driver checks its prepared claims
+// against the API server by default.
+const DefaultSweepInterval = time.Minute
 
 // Driver is the node side of the DRA driver: the kubelet calls it, through
 // the plugins registry, to prepare the claims the scheduler allocated from
@@ -68,9 +84,13 @@ type DriverOptions struct {
 // then PreStartContainer when the plugin asks for it) and returns, for each
 // request, a CDI device that devmgr writes in CDIDir, one spec file per
 // claim, holding the environment, mounts and device nodes the plugin
-// returned, and the plugin's own CDI devices. The plugin's annotations have
-// no place in CDI and are dropped. The scheduler has already chosen the
-// devices, so GetPreferredAllocation is not called.
+// returned, and the plugin's own CDI devices (in its answer's CDI field or
+// its cdi.k8s.io annotations); its other annotations have no place in CDI
+// and are dropped. The scheduler has already chosen the devices, so
+// GetPreferredAllocation is not called. A claim is prepared all or nothing,
+// and a claim whose allocation asks for admin access is refused. Every
+// SweepInterval, claims the API server no longer has allocated are
+// unprepared.
 //
 // The manager's checkpoint keeps prepared claims and the spec files stay on
 // disk: after a restart of devmgr or the kubelet, preparing a claim again
@@ -80,6 +100,9 @@ type Driver struct {
 	opts   DriverOptions
 	cdi    *cdi.Cache
 	helper *kubeletplugin.Helper
+	// cancel ends the sweep; swept is closed when it has.
+	cancel context.CancelFunc
+	swept  chan struct{}
 }
 
 // StartDriver starts serving the kubelet's DRA calls and registers with the
@@ -95,6 +118,15 @@ func StartDriver(ctx context.Context, opts DriverOptions) (*Driver, error) {
 	}
 	if opts.DriverName == "" {
 		opts.DriverName = DefaultDriverName
+	}
+	if err := parser.ValidateVendorName(opts.DriverName); err != nil {
+		return nil, fmt.Errorf("dra: driver name %q cannot name CDI devices: %w", opts.DriverName, err)
+	}
+	if opts.SweepInterval <= 0 {
+		opts.SweepInterval = DefaultSweepInterval
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
 	}
 	if opts.RegistryDir == "" {
 		opts.RegistryDir = kubeletplugin.KubeletRegistryDir
@@ -129,11 +161,65 @@ func StartDriver(ctx context.Context, opts DriverOptions) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dra: start the kubelet plugin: %w", err)
 	}
+	ctx, d.cancel = context.WithCancel(ctx)
+	d.swept = make(chan struct{})
+	go d.sweepEvery(ctx)
 	return d, nil
 }
 
 // Stop stops serving and removes the sockets; prepared claims stay.
-func (d *Driver) Stop() { d.helper.Stop() }
+func (d *Driver) Stop() {
+	d.cancel()
+	<-d.swept
+	d.helper.Stop()
+}
+
+// sweepEvery sweeps every SweepInterval until ctx ends.
+func (d *Driver) sweepEvery(ctx context.Context) {
+	defer close(d.swept)
+	tick := d.opts.Clock.NewTicker(d.opts.SweepInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C():
+			d.sweep(ctx)
+		}
+	}
+}
+
+// sweep unprepares the prepared claims that the API server no longer has
+// allocated: the kubelet unprepares a claim when its pod goes, but one that
+// lost its own record of it never will.
+func (d *Driver) sweep(ctx context.Context) {
+	held := d.opts.Manager.PreparedClaims()
+	if len(held) == 0 {
+		return
+	}
+	list, err := d.opts.Client.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		d.opts.Logger.Error(err, "Listing ResourceClaims to check the prepared ones; trying again later")
+		return
+	}
+	live := map[types.UID]bool{}
+	for _, c := range list.Items {
+		if c.Status.Allocation != nil {
+			live[c.UID] = true
+		}
+	}
+	for _, uid := range held {
+		if live[types.UID(uid)] {
+			continue
+		}
+		res, _ := d.UnprepareResourceClaims(ctx, []kubeletplugin.NamespacedObject{{UID: types.UID(uid)}})
+		if err := res[types.UID(uid)]; err != nil {
+			d.opts.Logger.Error(err, "Unpreparing a claim that is no longer allocated; trying again later", "claimUID", uid)
+			continue
+		}
+		d.opts.Logger.Info("Unprepared a claim that is no longer allocated", "claimUID", uid)
+	}
+}
 
 // SocketPath is the path of the socket the kubelet calls.
 func (d *Driver) SocketPath() string { return filepath.Join(d.opts.PluginDir, "dra.sock") }
@@ -161,6 +247,8 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	for _, c := range claims {
 		res, err := d.prepare(ctx, c, where)
 		if err != nil {
+			// All or nothing: what this claim's requests got goes back.
+			err = errors.Join(err, d.opts.Manager.UnprepareClaim(string(c.UID)))
 			res = kubeletplugin.PrepareResult{Err: fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)}
 		}
 		out[c.UID] = res
@@ -177,11 +265,30 @@ func (d *Driver) deviceIndex() map[string]map[string]location {
 	for _, r := range d.opts.Manager.Status() {
 		devs := make(map[string]location, len(r.Devices))
 		for _, dev := range r.Devices {
-			devs[DeviceName(dev.ID)] = location{resource: r.Name, id: dev.ID}
+			if _, taken := devs[DeviceName(dev.ID)]; !taken { // as Resources: the first ID of a name
+				devs[DeviceName(dev.ID)] = location{resource: r.Name, id: dev.ID}
+			}
 		}
 		idx[PoolName(d.opts.NodeName, r.Name)] = devs
 	}
 	return idx
+}
+
+// heldBy finds the device of r among those the claim's request already
+// holds: after a restart, a claim is prepared again before its plugin lists
+// its devices.
+func (d *Driver) heldBy(claimUID types.UID, r resourceapi.DeviceRequestAllocationResult) (location, bool) {
+	for resource, devs := range d.opts.Manager.GetDevices(devicemanager.ClaimPodUID(string(claimUID)), r.Request) {
+		if PoolName(d.opts.NodeName, resource) != r.Pool {
+			continue
+		}
+		for id := range devs {
+			if DeviceName(id) == r.Device {
+				return location{resource: resource, id: id}, true
+			}
+		}
+	}
+	return location{}, false
 }
 
 // prepare prepares one claim: each request's devices, then the claim's CDI
@@ -199,9 +306,15 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim, wher
 		if r.Driver != d.opts.DriverName {
 			continue
 		}
+		if r.AdminAccess != nil && *r.AdminAccess {
+			return res, fmt.Errorf("request %s asks for admin access to %s, which a device plugin's devices cannot give: a device is one claim's or one pod's", r.Request, r.Device)
+		}
 		loc, ok := where[r.Pool][r.Device]
 		if !ok {
-			return res, fmt.Errorf("device %s of pool %s is not a device of this node's plugins", r.Device, r.Pool)
+			loc, ok = d.heldBy(c.UID, r)
+		}
+		if !ok {
+			return res, fmt.Errorf("device %s of pool %s is not a device of this node's plugins (or its plugin has not listed its devices since devmgr started)", r.Device, r.Pool)
 		}
 		k := key{r.Request, loc.resource}
 		if _, seen := ids[k]; !seen {
@@ -233,6 +346,11 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim, wher
 		for _, dev := range opts.CDIDevices {
 			cdiIDs = append(cdiIDs, dev.Name)
 		}
+		named, err := d.annotatedDevices(c, request, opts.Annotations)
+		if err != nil {
+			return res, err
+		}
+		cdiIDs = append(cdiIDs, named...)
 		res.Devices[firstOf[request]].CDIDeviceIDs = cdiIDs
 	}
 	if len(spec.Devices) == 0 {
@@ -246,6 +364,30 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim, wher
 		return res, fmt.Errorf("write its CDI spec: %w", err)
 	}
 	return res, nil
+}
+
+// annotatedDevices returns the CDI devices a plugin named in annotations
+// (cdi.k8s.io/...), the way some plugins pass them; the other annotations
+// have no place in CDI and are dropped, with a log line.
+func (d *Driver) annotatedDevices(c *resourceapi.ResourceClaim, request string, annotations []devicemanager.Annotation) ([]string, error) {
+	cdiAnnotations := map[string]string{}
+	var dropped []string
+	for _, a := range annotations {
+		if strings.HasPrefix(a.Name, cdi.AnnotationPrefix) {
+			cdiAnnotations[a.Name] = a.Value
+		} else {
+			dropped = append(dropped, a.Name)
+		}
+	}
+	if len(dropped) > 0 {
+		d.opts.Logger.V(2).Info("Dropped the plugin's container annotations: CDI cannot carry them",
+			"claim", klog.KObj(c), "request", request, "annotations", dropped)
+	}
+	_, devices, err := cdi.ParseAnnotations(cdiAnnotations)
+	if err != nil {
+		return nil, fmt.Errorf("the plugin's CDI annotations: %w", err)
+	}
+	return devices, nil
 }
 
 // containerEdits returns the CDI form of what a plugin's Allocate asked of

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -21,6 +22,9 @@ import (
 	"k8s.io/klog/v2/ktesting"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
+	testingclock "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/openkubelet/devmgr/devicemanager"
@@ -47,13 +51,14 @@ type driverNode struct {
 	conn    *grpc.ClientConn
 	// stopFunc stops what start started, once.
 	stopFunc func()
+	clock    *testingclock.FakeClock // the driver's
 }
 
 func newDriverNode(t *testing.T, claims ...*resourceapi.ResourceClaim) *driverNode {
 	dir, err := os.MkdirTemp("", "dra")
 	require.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	n := &driverNode{t: t, dir: dir, client: fake.NewClientset()}
+	n := &driverNode{t: t, dir: dir, client: fake.NewClientset(), clock: testingclock.NewFakeClock(time.Now())}
 	for _, c := range claims {
 		_, err := n.client.ResourceV1().ResourceClaims(c.Namespace).Create(context.Background(), c, metav1.CreateOptions{})
 		require.NoError(t, err)
@@ -64,7 +69,11 @@ func newDriverNode(t *testing.T, claims ...*resourceapi.ResourceClaim) *driverNo
 
 // start starts a manager and a driver on the node's directories and
 // registers the plugin with the manager.
-func (n *driverNode) start() {
+func (n *driverNode) start() { n.startWith(true) }
+
+// startWith is start; without register the plugin serves but has not
+// registered yet (n.registerPlugin does it).
+func (n *driverNode) startWith(register bool) {
 	t := n.t
 	var err error
 	n.mgr, err = devicemanager.NewManagerImpl(devicemanager.Options{SocketDir: n.dir, Logger: ktesting.NewLogger(t, ktesting.NewConfig())})
@@ -83,16 +92,15 @@ func (n *driverNode) start() {
 	require.NoError(t, n.plugin.Start())
 	t.Cleanup(n.plugin.Stop)
 	n.plugins = append(n.plugins, n.plugin)
-	require.NoError(t, n.plugin.Register(filepath.Join(n.dir, devicemanager.KubeletSocketName)))
-	require.Eventually(t, func() bool {
-		st := n.mgr.Status()
-		return len(st) == 1 && len(st[0].Devices) == 3 && !st[0].RestoredFromCheckpoint
-	}, 10*time.Second, 5*time.Millisecond, "the plugin's devices")
+	if register {
+		n.registerPlugin()
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	n.driver, err = dra.StartDriver(ctx, dra.DriverOptions{
 		Manager: n.mgr, Client: n.client, NodeName: node,
 		RegistryDir: filepath.Join(n.dir, "reg"), PluginDir: filepath.Join(n.dir, "plugin"), CDIDir: filepath.Join(n.dir, "cdi"),
+		Clock:  n.clock,
 		Logger: ktesting.NewLogger(t, ktesting.NewConfig()),
 	})
 	require.NoError(t, err)
@@ -109,6 +117,15 @@ func (n *driverNode) start() {
 }
 
 func (n *driverNode) stop() { n.stopFunc() }
+
+// registerPlugin registers the current plugin and waits for its devices.
+func (n *driverNode) registerPlugin() {
+	require.NoError(n.t, n.plugin.Register(filepath.Join(n.dir, devicemanager.KubeletSocketName)))
+	require.Eventually(n.t, func() bool {
+		st := n.mgr.Status()
+		return len(st) == 1 && len(st[0].Devices) == 3 && !st[0].RestoredFromCheckpoint
+	}, 10*time.Second, 5*time.Millisecond, "the plugin's devices")
+}
 
 // allocateCalls returns the Allocate calls of every plugin started.
 func (n *driverNode) allocateCalls() []plugintest.Call {
@@ -252,4 +269,101 @@ func TestPrepareRefusesWhatItCannotServe(t *testing.T) {
 	_, err := drapb.NewDRAPluginClient(n.conn).NodePrepareResources(context.Background(),
 		&drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{claimRef(unallocated)}})
 	require.ErrorContains(t, err, "claim default/pending not allocated")
+}
+
+// After a restart the kubelet may prepare a claim again before the plugin
+// has listed its devices: the answer comes from the checkpoint.
+func TestPrepareAgainBeforeThePluginIsBack(t *testing.T) {
+	c := allocatedClaim("one", "1", result("gpu", "gpu-2"))
+	n := newDriverNode(t, c)
+	first := n.prepare(c)
+	require.Empty(t, first.Error)
+	n.stop()
+	n.startWith(false)
+	assert.Equal(t, first.String(), n.prepare(c).String())
+	assert.Len(t, n.allocateCalls(), 1)
+}
+
+// The runtime accepts the spec: CDI's own cache injects the claim's device
+// into an OCI spec, with the plugin's env, device nodes and mounts.
+func TestTheSpecInjectsIntoAContainer(t *testing.T) {
+	c := allocatedClaim("one", "1", result("gpu", "gpu-1"))
+	n := newDriverNode(t, c)
+	got := n.prepare(c)
+	require.Empty(t, got.Error)
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(filepath.Join(n.dir, "cdi")), cdi.WithAutoRefresh(false))
+	require.NoError(t, err)
+	require.NotNil(t, cache.GetDevice(got.Devices[0].CdiDeviceIds[0]), "errors: %v", cache.GetErrors())
+}
+
+// The plugin's CDI annotations name CDI devices; a plugin's other
+// annotations are dropped.
+func TestPrepareTakesCDIDevicesFromAnnotations(t *testing.T) {
+	c := allocatedClaim("one", "1", result("gpu", "gpu-0"))
+	n := newDriverNode(t, c)
+	n.plugin.SetAllocateFunc(func(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+		resp := n.plugin.DefaultAllocate(req)
+		resp.ContainerResponses[0].Annotations["cdi.k8s.io/vendor"] = "vendor.com/gpu=0"
+		return resp, nil
+	})
+	got := n.prepare(c)
+	require.Empty(t, got.Error)
+	assert.Equal(t, []string{dra.DefaultDriverName + "/claim=uid-1-gpu", "vendor.com/gpu=0"}, got.Devices[0].CdiDeviceIds)
+}
+
+// Results of other drivers are theirs; a subrequest's name reaches the
+// kubelet as its request's.
+func TestPrepareTakesOnlyItsOwnResults(t *testing.T) {
+	other := result("gpu", "their-device")
+	other.Driver = "other.example.com"
+	c := allocatedClaim("mixed", "1", result("gpus/big", "gpu-0"), other, result("gpus/big", "gpu-1"))
+	n := newDriverNode(t, c)
+	got := n.prepare(c)
+	require.Empty(t, got.Error)
+	require.Len(t, got.Devices, 2)
+	assert.Equal(t, []string{"gpus"}, got.Devices[0].RequestNames)
+	assert.Equal(t, []string{dra.DefaultDriverName + "/claim=uid-1-gpus_big"}, got.Devices[0].CdiDeviceIds)
+	assert.Equal(t, []string{"gpu-0", "gpu-1"}, n.claimed())
+}
+
+// A claim fails as a whole: when its second request's device is another
+// claim's, the device its first request got goes back.
+func TestAFailingClaimHoldsNothing(t *testing.T) {
+	first := allocatedClaim("first", "1", result("gpu", "gpu-1"))
+	two := allocatedClaim("two", "2", result("a", "gpu-0"), result("b", "gpu-1"))
+	n := newDriverNode(t, first, two)
+	require.Empty(t, n.prepare(first).Error)
+	assert.Contains(t, n.prepare(two).Error, `device "gpu-1" is held by pod "resourceclaim/uid-1"`)
+	assert.Equal(t, []string{"gpu-1"}, n.claimed(), "gpu-0 went back")
+	assert.Equal(t, []string{"uid-1"}, n.mgr.PreparedClaims())
+	assert.Len(t, n.allocateCalls(), 2, "the first request of two was allocated, then released")
+}
+
+// Admin access shares a device with the claims that use it; a device
+// plugin's device is one claim's or one pod's.
+func TestPrepareRefusesAdminAccess(t *testing.T) {
+	admin := result("watch", "gpu-1")
+	admin.AdminAccess = ptr.To(true)
+	c := allocatedClaim("admin", "1", admin)
+	n := newDriverNode(t, c)
+	assert.Contains(t, n.prepare(c).Error, "asks for admin access to gpu-1")
+	assert.Empty(t, n.mgr.PreparedClaims())
+}
+
+// A claim the API server no longer has allocated is unprepared at the next
+// sweep; the others stay.
+func TestSweepUnpreparesClaimsThatAreGone(t *testing.T) {
+	gone := allocatedClaim("gone", "1", result("gpu", "gpu-0"))
+	kept := allocatedClaim("kept", "2", result("gpu", "gpu-1"))
+	n := newDriverNode(t, gone, kept)
+	require.Empty(t, n.prepare(gone).Error)
+	require.Empty(t, n.prepare(kept).Error)
+	require.NoError(t, n.client.ResourceV1().ResourceClaims("default").Delete(context.Background(), "gone", metav1.DeleteOptions{}))
+
+	require.Eventually(t, func() bool {
+		n.clock.Step(dra.DefaultSweepInterval)
+		return slices.Equal(n.mgr.PreparedClaims(), []string{"uid-2"})
+	}, 10*time.Second, 10*time.Millisecond)
+	assert.NoFileExists(t, n.specPath(gone))
+	assert.FileExists(t, n.specPath(kept))
 }

@@ -184,7 +184,7 @@ func TestRunMakesADeviceClassPerResource(t *testing.T) {
 	go func() { done <- p.Run(ctx) }()
 	defer func() {
 		cancel()
-		<-done
+		assert.ErrorIs(t, <-done, context.Canceled)
 	}()
 	class := func(name string) *resourceapi.DeviceClass {
 		c, err := client.ResourceV1().DeviceClasses().Get(ctx, name, metav1.GetOptions{})
