@@ -31,14 +31,18 @@ type binaries struct {
 	// ContainerdDir holds containerd, containerd-shim-runc-v2 and ctr.
 	ContainerdDir string
 	SamplePlugin  string
+	// Devmgr is the devmgr command of this tree, built for the run.
+	Devmgr string
 	// Images are OCI image layouts to import into containerd.
 	Images []string
 }
 
 // build builds what is missing into the e2e cache (the control plane, the
 // sample device plugin, containerd, both kubelets, under names that carry
-// their versions) and the run's pause binary and images into dir, logging
-// each step.
+// their versions) and the run's devmgr, pause binary and images into dir,
+// logging each step. devmgr, the code under test, is built for every run,
+// as make e2e builds it: the go command's build cache makes that quick when
+// the tree has not changed.
 func build(dir string) (binaries, error) {
 	var b binaries
 	wd, err := os.Getwd()
@@ -99,6 +103,12 @@ func build(dir string) (binaries, error) {
 			return b, fmt.Errorf("the kubelet into the run directory: %w", err)
 		}
 	}
+	b.Devmgr = filepath.Join(dir, "devmgr")
+	start := time.Now()
+	if err := goBuild(filepath.Dir(wd), nil, "-o", b.Devmgr, "./cmd/devmgr"); err != nil {
+		return b, err
+	}
+	fmt.Printf("build: devmgr of this tree in %s\n", time.Since(start).Round(time.Second))
 	pause := filepath.Join(dir, "pause")
 	if err := goBuild(wd, []string{"CGO_ENABLED=0"}, "-o", pause, "./pause"); err != nil {
 		return b, err

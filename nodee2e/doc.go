@@ -6,7 +6,9 @@
 // plugins' Allocate and CDI specs give, pods that do not fit, unhealthy
 // devices, kubelet and plugin restarts, a container restart, a plugin not
 // back, a pod deleted while the kubelet is down, init and sidecar
-// containers; then running pods move between the two kubelets on one node.
+// containers, and a pod with a ResourceClaim that devmgr serve --dra,
+// running beside the kubelet, publishes and prepares for the kubelet's own
+// DRA manager; then running pods move between the two kubelets on one node.
 //
 // The tests run as root with `make node-e2e`, which writes
 // docs/NODE-E2E.md from the run. The node lives in fresh mount, network and

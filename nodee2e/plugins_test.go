@@ -24,7 +24,9 @@ import (
 // whose spec (it writes /var/run/cdi/example.com.json) sets CDI_DEVICE and
 // a block device node /tmp/CDI-Dev-N. The plugintest plugin serves
 // fpgaResource with what Allocate can return: an environment variable,
-// a read-only mount, a device node, and a CDI device per device.
+// a read-only mount, a device node, and a CDI device per device. A second
+// plugintest plugin of the same kind serves draResource to devmgr serve
+// --dra (dra_test.go).
 const (
 	sampleResource = "example.com/resource"
 	fpgaResource   = "example.com/fpga"
@@ -191,6 +193,14 @@ func (f *fpgaPlugin) allocate(ids []string) *pluginapi.ContainerAllocateResponse
 	f.responses[strings.Join(ids, ",")] = r
 	f.mu.Unlock()
 	return r
+}
+
+// allocateCalls is how many Allocate calls the running instance got.
+func (f *fpgaPlugin) allocateCalls() int {
+	f.mu.Lock()
+	p := f.p
+	f.mu.Unlock()
+	return len(p.CallsOf(plugintest.MethodAllocate))
 }
 
 // response is the Allocate answer the plugin gave for ids, nil if none.

@@ -373,6 +373,8 @@ func scenarios(t *testing.T, n *node) {
 		}
 		s.figure(t, "Running in %s; devices by container: %s", took, pattern)
 	})
+
+	claimScenario(t, n)
 }
 
 // stockPattern is how the stock kubelet shared devices among the init,
