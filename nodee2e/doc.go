@@ -6,9 +6,11 @@
 // plugins' Allocate and CDI specs give, pods that do not fit, unhealthy
 // devices, kubelet and plugin restarts, a container restart, a plugin not
 // back, a pod deleted while the kubelet is down, init and sidecar
-// containers, and a pod with a ResourceClaim that devmgr serve --dra,
-// running beside the kubelet, publishes and prepares for the kubelet's own
-// DRA manager; then running pods move between the two kubelets on one node.
+// containers, a pod with a ResourceClaim that devmgr serve --dra, running
+// beside the kubelet, publishes and prepares for the kubelet's own DRA
+// manager, and a pod asking for the same plugin's resource as an extended
+// resource, served through DRA; then running pods move between the two
+// kubelets on one node.
 //
 // The tests run as root with `make node-e2e`, which writes
 // docs/NODE-E2E.md from the run. The node lives in fresh mount, network and

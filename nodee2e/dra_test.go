@@ -30,14 +30,19 @@ import (
 // plugin's devices as ResourceSlices and registers as the DRA driver
 // draDriver in the kubelet's plugins registry; the kubelet's DRA manager
 // asks it to prepare the claims of the pods it runs, and containerd applies
-// the CDI spec serve wrote in cdiDir. The kubelet's DRA manager is the
-// kubelet's own on both kubelets: devmgr replaces only the device manager.
+// the CDI spec serve wrote in cdiDir. With --dra-device-classes serve also
+// makes the DeviceClass that serves draResource as an extended resource
+// (KEP-5004): a pod asking for it as before gets a claim the scheduler
+// makes. The kubelet's DRA manager is the kubelet's own on both kubelets:
+// devmgr replaces only the device manager.
 const (
 	draResource = "example.com/dra-fpga"
 	draDriver   = dra.DefaultDriverName
-	// draRequest is the claim's one request; draPod the pod of the claim.
-	draRequest = "fpga"
-	draPod     = "claimed"
+	// draRequest is the claim's one request; draPod the pod of the claim,
+	// extendedPod the pod asking for draResource as an extended resource.
+	draRequest  = "fpga"
+	draPod      = "claimed"
+	extendedPod = "extended"
 	// draLimit bounds how soon serve serves, the kubelet registers the
 	// driver, and a device list reaches the ResourceSlices.
 	draLimit = time.Minute
@@ -59,9 +64,9 @@ type draBridge struct {
 // checkpoint and log in the node's directory, the kubelet's plugins
 // registry and plugins directory under the kubelet's root, and its CDI
 // specs where containerd reads them. The Node's status is the kubelet's
-// (--no-node-status): advertised there, the plugin's resource would let
-// pods asking for it as an extended resource in, and the kubelet, whose
-// device manager does not know it, would run them without a device. It returns once serve serves its
+// (--no-node-status): advertised there, the plugin's resource would be
+// served the device-plugin way, by a kubelet whose device manager does not
+// know it, and so without a device. It returns once serve serves its
 // kubelet.sock and the kubelet has connected to its DRA driver, with the
 // time the latter took. serve stops when the test ends.
 func (n *node) startDRABridge(t *testing.T) (*draBridge, time.Duration) {
@@ -76,7 +81,7 @@ func (n *node) startDRABridge(t *testing.T) (*draBridge, time.Duration) {
 	}
 	cmd := exec.Command(the.Bins.Devmgr, "serve", "-v", "2", "--socket-dir", b.socketDir, "--checkpoint-dir", checkpoints,
 		"--control-socket", b.control, "--numa-nodes", "0", "--kubeconfig", n.c.Kubeconfig, "--node-name", n.k.node, "--no-node-status",
-		"--dra", "--dra-driver", draDriver, "--dra-registry-dir", filepath.Join(kubeletRoot, "plugins_registry"),
+		"--dra", "--dra-device-classes", "--dra-driver", draDriver, "--dra-registry-dir", filepath.Join(kubeletRoot, "plugins_registry"),
 		"--dra-plugin-dir", filepath.Join(kubeletRoot, "plugins", draDriver), "--cdi-dir", cdiDir)
 	start := time.Now()
 	b.proc = cluster.StartCmd(t, n.dir, "devmgr-serve-dra", cmd)
@@ -194,89 +199,138 @@ func createDeviceClass(t *testing.T, c *cluster.Cluster, name, resource string) 
 }
 
 // claimScenario runs a pod with a ResourceClaim of a device that devmgr
-// serve --dra publishes and prepares: the container sees what the plugin's
-// Allocate and CDI spec give for the device the scheduler allocated, and
-// deleting the pod unprepares the claim.
+// serve --dra publishes and prepares, then a pod asking for draResource as
+// an extended resource: each container sees what the plugin's Allocate and
+// CDI spec give for the device the scheduler allocated, and deleting the
+// pod unprepares the claim.
 func claimScenario(t *testing.T, n *node) {
-	step(t, n.k.kind, "a pod with a ResourceClaim: devmgr serve --dra prepares it for the kubelet's DRA manager, the container sees the device's env, mounts, device node, CDI edits",
+	var b *draBridge
+	var ids map[string]string // plugin IDs by device name
+	step(t, n.k.kind, "a pod with a ResourceClaim: devmgr serve --dra prepares it for the kubelet's DRA manager, the container sees the device's env, mount, device node, CDI edits",
 		func(s *scenario) {
 			ctx := context.Background()
-			b, registered := n.startDRABridge(t)
+			var registered, published time.Duration
+			b, registered = n.startDRABridge(t)
 			b.plugin = newFPGAPlugin(t, filepath.Join(n.dir, "dra", "fpga"), draResource, b.socketDir)
 			b.plugin.start(t)
-			ids, published := b.waitPool(t, n, fpgaCount)
+			ids, published = b.waitPool(t, n, fpgaCount)
 			s.figure(t, "kubelet connected to the driver %s after serve started; pool %s of %d devices published %s after the plugin registered",
 				registered, dra.PoolName(n.k.node, draResource), fpgaCount, published)
+			// Registered after serve's own cleanup, so run before it: the
+			// kubelet needs serve to unprepare the claim of a pod it stops.
+			t.Cleanup(func() {
+				for _, name := range []string{draPod, extendedPod} {
+					if _, err := n.c.Client.CoreV1().Pods(n.ns).Get(ctx, name, metav1.GetOptions{}); err == nil && n.k.proc.Running() {
+						deletePods(t, n.c, n.k, n.ns, name)
+					}
+				}
+			})
 
 			class := createDeviceClass(t, n.c, n.ns+"-dra-fpga", draResource)
 			claim, pod := draClaimPod(n.ns, class)
 			if _, err := n.c.Client.ResourceV1().ResourceClaims(n.ns).Create(ctx, claim, metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
-			// Registered after serve's own cleanup, so run before it: the
-			// kubelet needs serve to unprepare the claim of a pod it stops.
-			t.Cleanup(func() {
-				if _, err := n.c.Client.CoreV1().Pods(n.ns).Get(ctx, draPod, metav1.GetOptions{}); err == nil && n.k.proc.Running() {
-					deletePods(t, n.c, n.k, n.ns, draPod)
-				}
-			})
 			p, took := startPod(t, n.c, n.k, pod)
 			s.figure(t, "claim pod Running %s after creation", took)
-
-			got, err := n.c.Client.ResourceV1().ResourceClaims(n.ns).Get(ctx, claim.Name, metav1.GetOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got.Status.Allocation == nil || len(got.Status.Allocation.Devices.Results) != 1 {
-				t.Fatalf("claim %s of running pod %s: allocation %+v, want one device", claim.Name, draPod, got.Status.Allocation)
-			}
-			res := got.Status.Allocation.Devices.Results[0]
-			id, ok := ids[res.Device]
-			if res.Driver != draDriver || res.Pool != dra.PoolName(n.k.node, draResource) || res.Request != draRequest || !ok {
-				t.Fatalf("claim %s allocated %+v, want a device of %s's pool %s for request %s",
-					claim.Name, res, draDriver, dra.PoolName(n.k.node, draResource), draRequest)
-			}
-			spec := claimSpecPath(string(got.UID))
-			if _, err := os.Stat(spec); err != nil {
-				t.Fatalf("the claim's CDI spec: %v", err)
-			}
-			if calls := b.plugin.allocateCalls(); calls != 1 {
-				t.Fatalf("the plugin got %d Allocate calls for one claim", calls)
-			}
-			wantHeld := map[string]bool{}
-			for _, i := range ids {
-				wantHeld[i] = i == id
-			}
-			if held := b.allocated(t); !maps.Equal(held, wantHeld) {
-				t.Fatalf("devmgr status: devices allocated %v, want %v (the claim's %s alone)", held, wantHeld, id)
-			}
-			report, want := containerReport(t, p, "main"), b.plugin.expectedReport(t, []string{id}, nil)
-			if !reflect.DeepEqual(report, want) {
-				t.Fatalf("the container of claim %s (device %s) sees\n%+v\nthe plugin's Allocate answer and CDI spec give\n%+v", claim.Name, id, report, want)
-			}
-			s.figure(t, "the container sees what Allocate and the CDI spec give for %s: %d variables, %d read-only mount, %d device node",
-				id, len(report.env), len(report.mounts), len(report.devices))
-
-			start := time.Now()
-			if err := n.c.Client.CoreV1().Pods(n.ns).Delete(ctx, draPod, metav1.DeleteOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			cluster.Poll(t, ctx, n.k.proc, "the claim's CDI spec removed", podStartLimit, func() bool {
-				_, err := os.Stat(spec)
-				return errors.Is(err, os.ErrNotExist)
-			})
-			removed := since(start)
-			cluster.Poll(t, ctx, b.proc, "devmgr status: "+id+" free", statusLimit, func() bool {
-				held := b.allocated(t)
-				return len(held) == fpgaCount && !slices.Contains(slices.Collect(maps.Values(held)), true)
-			})
-			cluster.Poll(t, ctx, n.k.proc, "pod "+draPod+" gone", podStartLimit, func() bool {
-				_, err := n.c.Client.CoreV1().Pods(n.ns).Get(ctx, draPod, metav1.GetOptions{})
-				return apierrors.IsNotFound(err)
-			})
-			if calls := b.plugin.allocateCalls(); calls != 1 {
-				t.Fatalf("the plugin got %d Allocate calls for one claim, by the pod's end", calls)
-			}
-			s.figure(t, "pod deleted: its CDI spec removed %s later, every device free in devmgr status", removed)
+			id, spec, seen := b.requirePrepared(t, n, p, claim.Name, draRequest, ids, 1)
+			s.figure(t, "the container sees what Allocate and the CDI spec give for %s: %s", id, seen)
+			s.figure(t, "pod deleted: its CDI spec removed %s later, every device free in devmgr status", b.deleteAndRequireUnprepared(t, n, draPod, spec, 1))
 		})
+
+	step(t, n.k.kind, "a pod asking for a device plugin's resource, served through DRA (serve --dra-device-classes): the scheduler's claim is prepared, the container sees the device",
+		func(s *scenario) {
+			ctx := context.Background()
+			if b == nil {
+				t.Fatal("devmgr serve --dra did not start in the scenario before")
+			}
+			class := dra.DeviceClassName(draResource)
+			cluster.Poll(t, ctx, b.proc, "DeviceClass "+class, draLimit, func() bool {
+				c, err := n.c.Client.ResourceV1().DeviceClasses().Get(ctx, class, metav1.GetOptions{})
+				return err == nil && c.Spec.ExtendedResourceName != nil && *c.Spec.ExtendedResourceName == draResource
+			})
+			p, took := startPod(t, n.c, n.k, devicePod(n.ns, extendedPod, devices(map[string]int64{draResource: 1})))
+			st := p.Status.ExtendedResourceClaimStatus
+			if st == nil || len(st.RequestMappings) != 1 || st.RequestMappings[0].ContainerName != "main" ||
+				st.RequestMappings[0].ResourceName != draResource {
+				t.Fatalf("pod %s runs with extended resource claim status %+v, want its container's %s mapped to a claim", extendedPod, st, draResource)
+			}
+			s.figure(t, "pod asking for %s: 1 Running %s after creation, on a claim the scheduler made", draResource, took)
+			id, spec, seen := b.requirePrepared(t, n, p, st.ResourceClaimName, st.RequestMappings[0].RequestName, ids, 2)
+			s.figure(t, "the container sees what Allocate and the CDI spec give for %s: %s", id, seen)
+			s.figure(t, "pod deleted: its CDI spec removed %s later, every device free in devmgr status",
+				b.deleteAndRequireUnprepared(t, n, extendedPod, spec, 2))
+		})
+}
+
+// requirePrepared fails unless the running pod p's claim is allocated one
+// device of serve's pool for request, prepared (its CDI spec written, the
+// plugin's Allocate called for the calls-th time, the device alone held in
+// devmgr status), and its container sees exactly what the plugin's answer
+// and CDI spec give for that device. It returns the device's plugin ID,
+// the claim's CDI spec, and what the container saw.
+func (b *draBridge) requirePrepared(t *testing.T, n *node, p *v1.Pod, claimName, request string, ids map[string]string, calls int) (id, spec, seen string) {
+	t.Helper()
+	claim, err := n.c.Client.ResourceV1().ResourceClaims(n.ns).Get(context.Background(), claimName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if claim.Status.Allocation == nil || len(claim.Status.Allocation.Devices.Results) != 1 {
+		t.Fatalf("claim %s of running pod %s: allocation %+v, want one device", claimName, p.Name, claim.Status.Allocation)
+	}
+	pool := dra.PoolName(n.k.node, draResource)
+	res := claim.Status.Allocation.Devices.Results[0]
+	id, ok := ids[res.Device]
+	if res.Driver != draDriver || res.Pool != pool || res.Request != request || !ok {
+		t.Fatalf("claim %s allocated %+v, want a device of %s's pool %s for request %s", claimName, res, draDriver, pool, request)
+	}
+	spec = claimSpecPath(string(claim.UID))
+	if _, err := os.Stat(spec); err != nil {
+		t.Fatalf("the CDI spec of claim %s: %v", claimName, err)
+	}
+	if got := b.plugin.allocateCalls(); got != calls {
+		t.Fatalf("the plugin got %d Allocate calls, want %d: one per claim", got, calls)
+	}
+	wantHeld := map[string]bool{}
+	for _, i := range ids {
+		wantHeld[i] = i == id
+	}
+	if held := b.allocated(t); !maps.Equal(held, wantHeld) {
+		t.Fatalf("devmgr status: devices allocated %v, want %v (claim %s's %s alone)", held, wantHeld, claimName, id)
+	}
+	got, want := containerReport(t, p, "main"), b.plugin.expectedReport(t, []string{id}, nil)
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("the container of pod %s (claim %s, device %s) sees\n%+v\nthe plugin's Allocate answer and CDI spec give\n%+v", p.Name, claimName, id, got, want)
+	}
+	return id, spec, fmt.Sprintf("%d variables, %d read-only mount, %d device node", len(got.env), len(got.mounts), len(got.devices))
+}
+
+// deleteAndRequireUnprepared deletes the pod, waits until the kubelet has
+// unprepared its claim (the CDI spec removed, every device free in devmgr
+// status) and the pod is gone, and fails if the plugin's Allocate was
+// called again (it had calls). It returns how long the spec took to go.
+func (b *draBridge) deleteAndRequireUnprepared(t *testing.T, n *node, pod, spec string, calls int) time.Duration {
+	t.Helper()
+	ctx := context.Background()
+	start := time.Now()
+	if err := n.c.Client.CoreV1().Pods(n.ns).Delete(ctx, pod, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cluster.Poll(t, ctx, n.k.proc, "the CDI spec of pod "+pod+"'s claim removed", podStartLimit, func() bool {
+		_, err := os.Stat(spec)
+		return errors.Is(err, os.ErrNotExist)
+	})
+	removed := since(start)
+	cluster.Poll(t, ctx, b.proc, "devmgr status: every device free", statusLimit, func() bool {
+		held := b.allocated(t)
+		return len(held) == fpgaCount && !slices.Contains(slices.Collect(maps.Values(held)), true)
+	})
+	cluster.Poll(t, ctx, n.k.proc, "pod "+pod+" gone", podStartLimit, func() bool {
+		_, err := n.c.Client.CoreV1().Pods(n.ns).Get(ctx, pod, metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
+	if got := b.plugin.allocateCalls(); got != calls {
+		t.Fatalf("the plugin got %d Allocate calls by pod %s's end, want %d", got, pod, calls)
+	}
+	return removed
 }

@@ -163,9 +163,10 @@ The restart times include the sample device plugin's own delay: it registers aga
 after the kubelet makes kubelet.sock anew. The plugintest plugin registers as soon as the new
 socket accepts connections, as a plugin watching the socket does. A pod bound while its plugin is
 not back fails admission on both kubelets; the message differs as ARCHITECTURE.md's deliberate
-difference 31 says. The ResourceClaim row runs ` + "`devmgr serve --dra`" + ` as a process of its own beside
-the kubelet, with a plugin registered on serve's socket directory: the kubelet's DRA manager, the
-same in both kubelets, prepares the claim through it, and containerd applies the CDI spec it wrote.
+difference 31 says. The two DRA rows run ` + "`devmgr serve --dra`" + ` as a process of its own beside the
+kubelet, with a plugin registered on serve's socket directory: the kubelet's DRA manager, the same
+in both kubelets, prepares each claim through it, and containerd applies the CDI spec it wrote; the
+second claim is one the scheduler made for a pod that asks for the plugin's resource as before.
 `)
 	return os.WriteFile(out, []byte(b.String()), 0o644)
 }
