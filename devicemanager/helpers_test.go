@@ -171,6 +171,10 @@ func (h *harness) plugin(res string, devs []*pluginapi.Device, tune ...func(*plu
 	return p
 }
 
+// noReregister keeps a plugin from registering again by itself when the
+// manager restarts.
+func noReregister(o *plugintest.Options) { o.NoReregister = true }
+
 // register registers p and waits until the manager sees its whole device list.
 func (h *harness) register(p *plugintest.Plugin) *plugintest.Plugin {
 	h.t.Helper()

@@ -114,14 +114,14 @@ func TestDevmgrPublishesResourceSlicesTheSchedulerAllocates(t *testing.T) {
 	waitAllocatable(t, ctx, c, devmgr, 0)
 	waitSlices(t, ctx, c, devmgr, "claimed devices stay", sliceBound, func(d []string) bool { return len(d) == 4 })
 
-	// 6. serve restarts: the claims stay prepared, without a second
-	// Allocate, through the plugin's new instance.
+	// 6. serve restarts: the plugin registers again by itself, as real
+	// plugins do, and the claims stay prepared without a second Allocate.
 	if code := devmgr.Stop(); code != 0 {
 		t.Fatalf("devmgr serve exited %d on SIGTERM", code)
 	}
+	gpus.ResetCalls()
 	sn.startServe(t)
 	devmgr = sn.devmgr
-	gpus = plugin(t, sockDir, gpu, 4)
 	kubelet = reg.client(t, ctx, devmgr, 2)
 	waitSlices(t, ctx, c, devmgr, "4 devices after the restart", time.Minute, func(d []string) bool { return len(d) == 4 })
 	for _, cl := range claims {

@@ -120,7 +120,9 @@ func newFPGAPlugin(t *testing.T, dir, resource, socketDir string) *fpgaPlugin {
 // plugintest.Plugin, as a restarted plugin is new) and registers it.
 func (f *fpgaPlugin) start(t *testing.T) {
 	t.Helper()
-	p, err := plugintest.New(plugintest.Options{ResourceName: f.resource, SocketDir: f.socketDir, Devices: f.devices()})
+	// NoReregister: a restart of the plugin is played by a new Plugin, and
+	// the scenarios decide when it is back.
+	p, err := plugintest.New(plugintest.Options{ResourceName: f.resource, SocketDir: f.socketDir, Devices: f.devices(), NoReregister: true})
 	if err != nil {
 		t.Fatal(err)
 	}

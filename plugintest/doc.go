@@ -20,8 +20,8 @@
 // serves. Register dials the kubelet's socket and sends a RegisterRequest;
 // the kubelet dials back during that call, so Start comes first. Calling
 // Register again re-registers; RegisterWith sends any request, malformed
-// ones included. With Options.Reregister, after a successful Register the
-// Plugin follows the kubelet as real plugins do: each time kubelet.sock is
+// ones included. After a successful Register the Plugin follows the kubelet
+// as real plugins do (unless Options.NoReregister): each time kubelet.sock is
 // created anew (the kubelet restarted, removing the sockets in its
 // directory), it serves its socket again and registers again, until Stop.
 //
@@ -47,9 +47,8 @@
 // IDs; GetPreferredAllocation answers
 // DefaultPreferredAllocation; PreStartContainer answers an empty response.
 // SetAllocateFunc, SetPreferredAllocationFunc, SetPreStartFunc and
-// SetOptionsFunc replace these at any time. With these defaults and
-// Options.Reregister, a Plugin passes every check of package sanity that its
-// Options let run.
+// SetOptionsFunc replace these at any time. With these defaults a Plugin
+// passes every check of package sanity that its Options let run.
 //
 // # Recorded calls and failure injection
 //

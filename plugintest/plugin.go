@@ -77,14 +77,14 @@ type Options struct {
 	// as some real plugins do.
 	EmptyFirstMessage bool
 
-	// Reregister makes the Plugin follow the kubelet as real device plugins
-	// do: once Register has succeeded, each time the kubelet socket it
-	// registered on is created anew (a kubelet or devmgr restarting), the
-	// Plugin serves its own socket again if it was removed and registers
-	// again, until Stop. sanity's restart/re-register check needs it. It is
-	// off by default because many tests restart a device manager and then
-	// register by themselves, or count registrations.
-	Reregister bool
+	// NoReregister stops the Plugin following the kubelet. By default it
+	// does as real device plugins do: once Register has succeeded, each time
+	// the kubelet socket it registered on is created anew (a kubelet or
+	// devmgr restarting), it serves its own socket again if it was removed
+	// and registers again, until Stop (sanity's restart/re-register check).
+	// Tests that restart a device manager and decide themselves when the
+	// plugin comes back set it.
+	NoReregister bool
 
 	// Logger receives the plugin's logs (V(2): lifecycle and registration;
 	// V(4): every RPC). Default klog.Background().
@@ -204,7 +204,7 @@ func New(opts Options) (*Plugin, error) {
 		emptyFirst: opts.EmptyFirstMessage,
 		logger:     logger.WithValues("resourceName", opts.ResourceName),
 
-		reregisters:    opts.Reregister,
+		reregisters:    !opts.NoReregister,
 		kubeletCreated: make(chan struct{}, 1),
 
 		done:       make(chan struct{}),

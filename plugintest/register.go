@@ -39,7 +39,7 @@ func (p *Plugin) RegisterRequest() *pluginapi.RegisterRequest {
 // be serving (Start) first, since the kubelet dials back during the call.
 // Calling it again re-registers.
 //
-// Once it has succeeded, with Options.Reregister, the Plugin registers
+// Once it has succeeded, unless Options.NoReregister, the Plugin registers
 // again by itself each time kubeletSocket is created anew, until
 // Stop: it serves its socket again first if it is gone, since a starting
 // kubelet removes the sockets in its directory. It leaves the socket to a

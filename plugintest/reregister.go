@@ -12,7 +12,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 )
 
-// Re-registration (Options.Reregister): once Register has succeeded, a
+// Re-registration (unless Options.NoReregister): once Register has succeeded, a
 // Plugin follows the kubelet socket it registered on, as real device plugins
 // do. A kubelet that starts
 // removes every socket in its directory and then creates kubelet.sock; each
@@ -25,7 +25,7 @@ import (
 // once would exhaust.
 
 // follow makes p re-register on kubeletSocket (an absolute path) whenever it
-// is created anew, from now on. A no-op without Options.Reregister or once p
+// is created anew, from now on. A no-op with Options.NoReregister or once p
 // has stopped.
 func (p *Plugin) follow(kubeletSocket string) error {
 	p.mu.Lock()

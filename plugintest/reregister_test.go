@@ -89,13 +89,13 @@ func next[T any](t *testing.T, ch <-chan T, what string) T {
 	}
 }
 
-// With Reregister, a registered plugin follows its kubelet: each time
+// By default, a registered plugin follows its kubelet: each time
 // kubelet.sock is created anew, it serves its socket again (the kubelet
 // removed it) and registers again, so that the kubelet can dial it back.
 func TestReregistersWhenKubeletSocketIsRecreated(t *testing.T) {
 	dir := tempDir(t)
 	k := newRestartingKubelet(t, dir)
-	p, _ := startPlugin(t, Options{SocketDir: dir, Devices: devices("a"), Reregister: true})
+	p, _ := startPlugin(t, Options{SocketDir: dir, Devices: devices("a")})
 	require.NoError(t, p.Register(k.path))
 	requireProtoEqual(t, p.RegisterRequest(), next(t, k.k.requests, "the registration"))
 	next(t, k.k.options, "the dial-back")
@@ -121,15 +121,15 @@ func TestReregistersWhenKubeletSocketIsRecreated(t *testing.T) {
 	require.ErrorIs(t, err, fs.ErrNotExist, "Stop removes the socket served again")
 }
 
-// Without Reregister, a plugin registers only when told to.
-func TestNoReregisterByDefault(t *testing.T) {
+// With NoReregister, a plugin registers only when told to.
+func TestNoReregisterRegistersOnlyWhenTold(t *testing.T) {
 	dir := tempDir(t)
 	k := newRestartingKubelet(t, dir)
-	quiet, _ := startPlugin(t, Options{SocketDir: dir, Devices: devices("a")})
+	quiet, _ := startPlugin(t, Options{SocketDir: dir, Devices: devices("a"), NoReregister: true})
 	require.NoError(t, quiet.Register(k.path))
 	next(t, k.k.requests, "the registration of the quiet plugin")
 	// A plugin that re-registers tells when the restart has been seen.
-	nic, _ := startPlugin(t, Options{ResourceName: "example.com/nic", SocketDir: dir, Devices: devices("n"), Reregister: true})
+	nic, _ := startPlugin(t, Options{ResourceName: "example.com/nic", SocketDir: dir, Devices: devices("n")})
 	require.NoError(t, nic.Register(k.path))
 	next(t, k.k.requests, "the registration of the nic plugin")
 
@@ -146,10 +146,10 @@ func TestNoReregisterByDefault(t *testing.T) {
 func TestNewerPluginOnTheSamePathReregistersAlone(t *testing.T) {
 	dir := tempDir(t)
 	k := newRestartingKubelet(t, dir)
-	old, _ := startPlugin(t, Options{SocketDir: dir, Devices: devices("a"), Reregister: true})
+	old, _ := startPlugin(t, Options{SocketDir: dir, Devices: devices("a")})
 	require.NoError(t, old.Register(k.path))
 	next(t, k.k.requests, "the old plugin's registration")
-	newer, _ := startPlugin(t, Options{SocketDir: dir, Devices: devices("a"), Reregister: true})
+	newer, _ := startPlugin(t, Options{SocketDir: dir, Devices: devices("a")})
 	require.NoError(t, newer.Register(k.path))
 	next(t, k.k.requests, "the newer plugin's registration")
 

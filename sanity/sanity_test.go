@@ -56,6 +56,9 @@ func newFixture() *fixture {
 			PreStartRequired:                true,
 			GetPreferredAllocationAvailable: true,
 			CDIDeviceName:                   func(id string) string { return resource + "=" + id },
+			// The fixture plays a restarted plugin process itself: a new
+			// Plugin per kubelet.sock.
+			NoReregister: true,
 		},
 		reregister: true,
 	}
@@ -188,8 +191,8 @@ func TestCorrectPluginPassesEveryCheck(t *testing.T) {
 }
 
 // plugintest's defaults make a plugin that passes every check its options
-// let run, restart/re-register with Options.Reregister: no hook, and one
-// Register, as a plugin's main would do.
+// let run, restart/re-register included: no hook, and one Register, as a
+// plugin's main would do.
 func TestPlugintestPassesEveryCheck(t *testing.T) {
 	for _, advertise := range []bool{true, false} {
 		var p *plugintest.Plugin
@@ -206,7 +209,6 @@ func TestPlugintestPassesEveryCheck(t *testing.T) {
 					PreStartRequired:                advertise,
 					GetPreferredAllocationAvailable: advertise,
 					CDIDeviceName:                   func(id string) string { return resource + "=" + id },
-					Reregister:                      true,
 				})
 				if err != nil {
 					return err

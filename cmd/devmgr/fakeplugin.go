@@ -145,7 +145,6 @@ func (o *fakePluginOptions) config() (fakePluginConfig, error) {
 		Devices:                         devices,
 		PreStartRequired:                true,
 		GetPreferredAllocationAvailable: true,
-		Reregister:                      true,
 	}
 	if o.cdi {
 		name := func(id string) string { return o.resource + "=" + id }

@@ -305,6 +305,8 @@ func startPlugin(t *testing.T, dir string, devices []*pluginapi.Device) *plugint
 		SocketDir:                       dir,
 		Devices:                         devices,
 		GetPreferredAllocationAvailable: true,
+		// The tests decide when the plugin is back after serve restarts.
+		NoReregister: true,
 	})
 	require.NoError(t, err)
 	t.Cleanup(p.Stop)
