@@ -43,6 +43,7 @@ func ExampleManagerImpl_Allocate_retry() {
 			Devices: []*pluginapi.Device{
 				{ID: "gpu-0", Health: pluginapi.Healthy}, {ID: "gpu-1", Health: pluginapi.Healthy},
 			},
+			NoReregister: true, // this example says when the plugin is back
 		})
 		_ = p.Start()
 		return p

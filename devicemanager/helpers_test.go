@@ -160,7 +160,8 @@ func (h *harness) kubeletSocket() string { return filepath.Join(h.dir, KubeletSo
 // registered yet).
 func (h *harness) plugin(res string, devs []*pluginapi.Device, tune ...func(*plugintest.Options)) *plugintest.Plugin {
 	h.t.Helper()
-	o := plugintest.Options{ResourceName: res, SocketDir: h.dir, Devices: devs}
+	// The tests decide when a plugin is back after a restart.
+	o := plugintest.Options{ResourceName: res, SocketDir: h.dir, Devices: devs, NoReregister: true}
 	for _, f := range tune {
 		f(&o)
 	}
@@ -170,10 +171,6 @@ func (h *harness) plugin(res string, devs []*pluginapi.Device, tune ...func(*plu
 	require.NoError(h.t, p.Start())
 	return p
 }
-
-// noReregister keeps a plugin from registering again by itself when the
-// manager restarts.
-func noReregister(o *plugintest.Options) { o.NoReregister = true }
 
 // register registers p and waits until the manager sees its whole device list.
 func (h *harness) register(p *plugintest.Plugin) *plugintest.Plugin {

@@ -89,7 +89,7 @@ type bystander struct {
 // bystander starts and registers a well-behaved plugin with 64 devices.
 func (h *harness) bystander() *bystander {
 	h.t.Helper()
-	return &bystander{h: h, p: h.registered(resBystander, devices("by", 64), endpointName("bystander.sock"), noReregister)}
+	return &bystander{h: h, p: h.registered(resBystander, devices("by", 64), endpointName("bystander.sock"))}
 }
 
 // admit admits a new pod asking one device of the bystander's resource and
@@ -569,9 +569,7 @@ func TestQuirkReRegisterAfterManagerRestart(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			whole := newLeakCheck(t)
 			h := newHarness(t).start()
-			// The old instance does not come back by itself: the test
-			// brings a new one.
-			p := h.registered(res1, devices("gpu", 4), noReregister)
+			p := h.registered(res1, devices("gpu", 4))
 			by := h.bystander()
 			a := newPod("a", ctr("c", res1, 2))
 			h.pods.add(a)

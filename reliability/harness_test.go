@@ -302,6 +302,8 @@ func (r *rig) plugin(res, endpoint string, devs []*pluginapi.Device, tune ...fun
 	o := plugintest.Options{
 		ResourceName: res, SocketDir: r.dir, Endpoint: endpoint, Devices: devs,
 		Logger: ktesting.NewLogger(r.t, ktesting.NewConfig(ktesting.Verbosity(0))),
+		// The suite decides when a plugin is back after a restart.
+		NoReregister: true,
 	}
 	for _, f := range tune {
 		f(&o)

@@ -82,6 +82,7 @@ func (n *nodePlugin) restart() error {
 		Devices:                         n.devices,
 		PreStartRequired:                true,
 		GetPreferredAllocationAvailable: true,
+		NoReregister:                    true, // a restart starts a new Plugin, as a new process
 	})
 	if err != nil {
 		return err

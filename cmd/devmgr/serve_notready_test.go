@@ -87,7 +87,7 @@ func TestServePodWaitingForItsPluginHoldsUpNoOtherPod(t *testing.T) {
 	dir := shortTempDir(t)
 	ctl := filepath.Join(dir, "ctl.sock")
 	srv := startServe(t, ctl, "--socket-dir", dir, "-v", "3", "--plugin-wait", "1m")
-	gpuPlugin, err := plugintest.New(plugintest.Options{ResourceName: gpu, SocketDir: dir, Devices: gpus(1)})
+	gpuPlugin, err := plugintest.New(plugintest.Options{ResourceName: gpu, SocketDir: dir, Devices: gpus(1), NoReregister: true})
 	require.NoError(t, err)
 	t.Cleanup(gpuPlugin.Stop)
 	listGPUs := gpuPlugin.Block(plugintest.MethodListAndWatch)
