@@ -94,6 +94,7 @@ user running serve can use the control socket (mode 0600).`,
 				o.controlSocket = os.Getenv(envControlSocket)
 			}
 			o.fromEnvironment(cmd.Flags(), os.Getenv) // --kubeconfig from $KUBECONFIG
+			o.draFlagsSet = slices.ContainsFunc(draFlags, cmd.Flags().Changed)
 			o.verbosity = logVerbosity(cmd, 0)
 			return runServe(cmd.Context(), o, cmd.ErrOrStderr())
 		},

@@ -40,9 +40,11 @@ type nodeOptions struct {
 	dra               bool
 	draDriver         string
 	draDeviceClasses  bool
-	draRegistryDir    string
-	draPluginDir      string
-	cdiDir            string
+	// draFlagsSet: one of draFlags was given.
+	draFlagsSet    bool
+	draRegistryDir string
+	draPluginDir   string
+	cdiDir         string
 	// hostname returns the host name, the default of --node-name;
 	// os.Hostname when nil.
 	hostname func() (string, error)
@@ -92,10 +94,13 @@ type nodeConfig struct {
 // nodeRequestTimeout bounds each request to the API server.
 const nodeRequestTimeout = 30 * time.Second
 
+// draFlags are the flags that mean something only with --dra.
+var draFlags = []string{"dra-driver", "dra-device-classes", "dra-registry-dir", "dra-plugin-dir", "cdi-dir"}
+
 func (o *nodeOptions) config() (nodeConfig, error) {
 	switch {
-	case o.draDeviceClasses && !o.dra:
-		return nodeConfig{}, errors.New("--dra-device-classes needs --dra")
+	case o.draFlagsSet && !o.dra:
+		return nodeConfig{}, errors.New("--" + strings.Join(draFlags, ", --") + " need --dra")
 	case o.draDeviceClasses && !o.noNodeStatus:
 		return nodeConfig{}, errors.New("--dra-device-classes needs --no-node-status: the scheduler serves a resource the Node status advertises the device-plugin way, not through DRA")
 	case o.registerNode && o.noNodeStatus:
