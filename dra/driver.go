@@ -108,19 +108,8 @@ type Driver struct {
 // StartDriver starts serving the kubelet's DRA calls and registers with the
 // kubelet's plugins registry. Stop ends it.
 func StartDriver(ctx context.Context, opts DriverOptions) (*Driver, error) {
-	switch {
-	case opts.Manager == nil:
-		return nil, errors.New("dra: no Manager")
-	case opts.Client == nil:
-		return nil, errors.New("dra: no Client")
-	case opts.NodeName == "":
-		return nil, errors.New("dra: no NodeName")
-	}
-	if opts.DriverName == "" {
-		opts.DriverName = DefaultDriverName
-	}
-	if err := parser.ValidateVendorName(opts.DriverName); err != nil {
-		return nil, fmt.Errorf("dra: driver name %q cannot name CDI devices: %w", opts.DriverName, err)
+	if err := checkCommon(opts.Manager == nil, opts.Client, opts.NodeName, &opts.DriverName); err != nil {
+		return nil, err
 	}
 	if opts.SweepInterval <= 0 {
 		opts.SweepInterval = DefaultSweepInterval

@@ -50,6 +50,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
+	"tags.cncf.io/container-device-interface/pkg/parser"
 
 	"github.com/openkubelet/devmgr/devicemanager"
 )
@@ -103,21 +104,11 @@ type SlicePublisher struct {
 
 // NewSlicePublisher checks opts and returns a publisher; Run starts it.
 func NewSlicePublisher(opts SlicePublisherOptions) (*SlicePublisher, error) {
-	switch {
-	case opts.Manager == nil:
-		return nil, errors.New("dra: no Manager")
-	case opts.Client == nil:
-		return nil, errors.New("dra: no Client")
-	case opts.NodeName == "":
-		return nil, errors.New("dra: no NodeName")
-	case opts.PollInterval < 0:
+	if err := checkCommon(opts.Manager == nil, opts.Client, opts.NodeName, &opts.DriverName); err != nil {
+		return nil, err
+	}
+	if opts.PollInterval < 0 {
 		return nil, errors.New("dra: negative PollInterval")
-	}
-	if opts.DriverName == "" {
-		opts.DriverName = DefaultDriverName
-	}
-	if errs := validation.IsDNS1123Subdomain(opts.DriverName); len(errs) > 0 {
-		return nil, fmt.Errorf("dra: driver name %q: %s", opts.DriverName, strings.Join(errs, "; "))
 	}
 	if opts.PollInterval == 0 {
 		opts.PollInterval = DefaultPollInterval
@@ -129,6 +120,31 @@ func NewSlicePublisher(opts SlicePublisherOptions) (*SlicePublisher, error) {
 		opts.Logger = klog.Background()
 	}
 	return &SlicePublisher{opts: opts}, nil
+}
+
+// checkCommon checks what the publisher and the driver both need: a
+// manager, a client, a node, and a driver name (DefaultDriverName when
+// empty) that is a DNS subdomain, as ResourceSlices want, and a CDI vendor,
+// as the driver's CDI devices want.
+func checkCommon(noManager bool, client kubernetes.Interface, node string, driver *string) error {
+	switch {
+	case noManager:
+		return errors.New("dra: no Manager")
+	case client == nil:
+		return errors.New("dra: no Client")
+	case node == "":
+		return errors.New("dra: no NodeName")
+	}
+	if *driver == "" {
+		*driver = DefaultDriverName
+	}
+	if errs := validation.IsDNS1123Subdomain(*driver); len(errs) > 0 {
+		return fmt.Errorf("dra: driver name %q: %s", *driver, strings.Join(errs, "; "))
+	}
+	if err := parser.ValidateVendorName(*driver); err != nil {
+		return fmt.Errorf("dra: driver name %q cannot name CDI devices: %w", *driver, err)
+	}
+	return nil
 }
 
 // Run publishes until ctx ends, then returns ctx's error; an error at once

@@ -220,8 +220,18 @@ func TestOptionsAreChecked(t *testing.T) {
 		{Manager: &manager{}, Client: client},
 		{Manager: &manager{}, Client: client, NodeName: "n", DriverName: "Not_A_Domain"},
 		{Manager: &manager{}, Client: client, NodeName: "n", PollInterval: -1},
+		{Manager: &manager{}, Client: client, NodeName: "n", DriverName: "9gpu.example.com"}, // no CDI vendor
 	} {
 		_, err := dra.NewSlicePublisher(o)
+		assert.Error(t, err, "%+v", o)
+	}
+	for _, o := range []dra.DriverOptions{
+		{Client: client, NodeName: "n"},
+		{Manager: &devicemanager.ManagerImpl{}, NodeName: "n"},
+		{Manager: &devicemanager.ManagerImpl{}, Client: client},
+		{Manager: &devicemanager.ManagerImpl{}, Client: client, NodeName: "n", DriverName: "9gpu.example.com"},
+	} {
+		_, err := dra.StartDriver(context.Background(), o)
 		assert.Error(t, err, "%+v", o)
 	}
 }
