@@ -232,12 +232,17 @@ func (d *Driver) specName(claimUID types.UID) string {
 // PrepareResourceClaims implements kubeletplugin.DRAPlugin.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	where := d.deviceIndex()
+	prepared := d.opts.Manager.PreparedClaims()
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	for _, c := range claims {
 		res, err := d.prepare(ctx, c, where)
 		if err != nil {
-			// All or nothing: what this claim's requests got goes back.
-			err = errors.Join(err, d.opts.Manager.UnprepareClaim(string(c.UID)))
+			// All or nothing: what this call gave the claim goes back. A
+			// claim prepared before keeps its devices: its containers may
+			// be running.
+			if _, before := slices.BinarySearch(prepared, string(c.UID)); !before {
+				err = errors.Join(err, d.opts.Manager.UnprepareClaim(string(c.UID)))
+			}
 			res = kubeletplugin.PrepareResult{Err: fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)}
 		}
 		out[c.UID] = res

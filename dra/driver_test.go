@@ -367,3 +367,17 @@ func TestSweepUnpreparesClaimsThatAreGone(t *testing.T) {
 	assert.NoFileExists(t, n.specPath(gone))
 	assert.FileExists(t, n.specPath(kept))
 }
+
+// A claim prepared before keeps its devices when preparing it again fails:
+// its containers may be running.
+func TestAFailedPrepareAgainKeepsThePreparedClaim(t *testing.T) {
+	c := allocatedClaim("one", "1", result("gpu", "gpu-0"))
+	n := newDriverNode(t, c)
+	require.Empty(t, n.prepare(c).Error)
+	// The spec cannot be written again: a directory stands in its place.
+	require.NoError(t, os.Remove(n.specPath(c)))
+	require.NoError(t, os.MkdirAll(filepath.Join(n.specPath(c), "x"), 0o750))
+
+	assert.Contains(t, n.prepare(c).Error, "write its CDI spec")
+	assert.Equal(t, []string{"gpu-0"}, n.claimed())
+}
