@@ -30,6 +30,7 @@ func (m *ManagerImpl) GetCapacity() (capacity, allocatable v1.ResourceList, remo
 // plugin has been gone past the grace period at now are removed.
 func (c *core) capacity(now time.Time) (capacity, allocatable v1.ResourceList, removed []string, eff effects) {
 	capacity, allocatable = v1.ResourceList{}, v1.ResourceList{}
+	claimed := c.claimedHealthy()
 	for name, r := range c.resources {
 		if !r.registered {
 			continue
@@ -39,7 +40,7 @@ func (c *core) capacity(now time.Time) (capacity, allocatable v1.ResourceList, r
 			continue
 		}
 		capacity[v1.ResourceName(name)] = *resource.NewQuantity(int64(r.capacityLen()), resource.DecimalSI)
-		allocatable[v1.ResourceName(name)] = *resource.NewQuantity(int64(r.healthyLen()-c.claimedHealthy(r)), resource.DecimalSI)
+		allocatable[v1.ResourceName(name)] = *resource.NewQuantity(int64(r.healthyLen()-claimed[name]), resource.DecimalSI)
 	}
 	if len(removed) > 0 {
 		slices.Sort(removed)
@@ -48,14 +49,19 @@ func (c *core) capacity(now time.Time) (capacity, allocatable v1.ResourceList, r
 	return capacity, allocatable, removed, eff
 }
 
-// claimedHealthy counts the healthy devices of r that claims hold.
-func (c *core) claimedHealthy(r *resourceState) int {
-	n := 0
+// claimedHealthy counts, per resource, the healthy devices claims hold.
+func (c *core) claimedHealthy() map[string]int {
+	n := map[string]int{}
 	for uid := range c.ledger.Pods() {
-		if isClaim(uid) {
-			for id := range c.ledger.PodDevices(uid, r.name) {
-				if r.isHealthy(id) {
-					n++
+		if !isClaim(uid) {
+			continue
+		}
+		for _, h := range c.ledger.Holdings(uid) {
+			if r := c.resources[h.Resource]; r != nil {
+				for _, id := range h.DeviceIDs {
+					if r.isHealthy(id) {
+						n[h.Resource]++
+					}
 				}
 			}
 		}
